@@ -1,0 +1,128 @@
+"""Whole-batch masked-language-model corruption, vectorised.
+
+Stock fairseq masks item by item in Python (`MaskTokensDataset`), which makes a BERT-small on the Bible bound by the
+data loader rather than the GPU. Here one call corrupts a whole padded batch with tensor operations, on whatever
+device the batch lives on, and supports every replacement strategy of the two papers:
+
+- mask   -> the language's mask symbol (`mask_ids[row]`, so Fake-English under shift-special gets its own mask),
+- keep   -> the token itself,
+- random -> a token drawn uniformly from the row's candidate set (the whole vocabulary for BERT's "cross" random
+            words, only the row language's own vocabulary for Conneau et al.'s "within"),
+- knn    -> one of the token's K nearest neighbours in the other language, uniformly (Dufter & Schuetze's
+            knn-replace); a token without neighbours falls back to the mask symbol.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from fairseq_xmlm.errors import XmlmError
+
+REPLACEMENTS = ("mask", "keep", "random", "knn")
+
+
+def parse_replacement_probs(text):
+    """"0.8,0.1,0.1" or "0.5,0.1,0.1,0.3" -> a 4-tuple (mask, keep, random, knn) summing to 1."""
+    try:
+        probs = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise XmlmError(f"--replacement-probs must be comma-separated numbers MASK,KEEP,RANDOM[,KNN], got {text!r}")
+    if len(probs) not in (3, 4) or any(p < 0 for p in probs):
+        raise XmlmError(f"--replacement-probs needs 3 or 4 non-negative numbers MASK,KEEP,RANDOM[,KNN], got {text!r}")
+    if abs(sum(probs) - 1.0) > 1e-6:
+        raise XmlmError(f"--replacement-probs must sum to 1, got {text!r} (sum {sum(probs):g})")
+    return tuple(probs + [0.0] * (4 - len(probs)))
+
+
+@dataclass
+class Masker:
+    """What to corrupt and with what; `__call__` applies it to a padded batch.
+
+    special_ids:        ids never chosen as targets and never drawn as random words (pad, bos, eos, unk, mask and
+                        their Fake twins, fairseq's madeupword fillers).
+    random_candidates:  (num_sets, C) ids, rows padded with -1; `random_counts` (num_sets,) valid entries per row.
+                        Row `candidate_set[row]` of the batch draws from set `candidate_set[row]`.
+    knn_neighbours:     (dict_size, K) ids of neighbours in the other language, -1 where missing; None without knn.
+    """
+
+    mask_prob: float
+    probs: tuple  # (mask, keep, random, knn)
+    special_ids: torch.Tensor
+    random_candidates: torch.Tensor
+    random_counts: torch.Tensor
+    knn_neighbours: torch.Tensor = None
+
+    def __post_init__(self):
+        if not 0.0 < self.mask_prob < 1.0:
+            raise XmlmError(f"mask probability must be in (0, 1), got {self.mask_prob}")
+        if self.probs[3] > 0 and self.knn_neighbours is None:
+            raise XmlmError("a KNN replacement probability > 0 needs a neighbour table (--knn-table)")
+        if self.probs[2] > 0 and int(self.random_counts.min()) == 0:
+            raise XmlmError("random replacement is on but a language has no candidate tokens")
+
+    def to(self, device):
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Masker(self.mask_prob, self.probs, move(self.special_ids), move(self.random_candidates),
+                      move(self.random_counts), move(self.knn_neighbours))
+
+    def __call__(self, tokens, mask_ids, candidate_set, generator, pad):
+        return mask_batch(tokens, mask_ids, candidate_set, generator, pad, self)
+
+
+def choose_targets(maskable, mask_prob, generator):
+    """Per row, pick round(mask_prob * n) of its maskable positions uniformly (probabilistic rounding, as fairseq).
+
+    Exactly that many per sentence, not a Bernoulli draw per token, so short sentences are not over- or
+    under-masked on average.
+    """
+    rows, width = maskable.shape
+    scores = torch.rand(rows, width, generator=generator, device=maskable.device)
+    scores = scores.masked_fill(~maskable, 2.0)  # non-maskable positions sort last
+    rank = scores.argsort(dim=1).argsort(dim=1)
+    n_maskable = maskable.sum(dim=1)
+    n_targets = (mask_prob * n_maskable + torch.rand(rows, generator=generator, device=maskable.device)).floor()
+    return (rank < n_targets.unsqueeze(1)) & maskable
+
+
+def mask_batch(tokens, mask_ids, candidate_set, generator, pad, masker):
+    """Corrupt a padded batch `tokens` (B, T).
+
+    mask_ids (B,) the mask symbol of each row's language; candidate_set (B,) the random-candidate set of each row.
+    Returns (inputs, targets): targets hold the original token at target positions and `pad` elsewhere.
+    """
+    maskable = ~torch.isin(tokens, masker.special_ids)
+    targets_at = choose_targets(maskable, masker.mask_prob, generator)
+
+    probs = torch.tensor(masker.probs, device=tokens.device)
+    how = torch.multinomial(probs, tokens.numel(), replacement=True, generator=generator).view_as(tokens)
+
+    inputs = tokens.clone()
+    mask_symbol = mask_ids.unsqueeze(1).expand_as(tokens)
+
+    if masker.probs[2] > 0:
+        sets = candidate_set.unsqueeze(1).expand_as(tokens)
+        counts = masker.random_counts[sets]
+        pick = (torch.rand(tokens.shape, generator=generator, device=tokens.device) * counts).long()
+        random_words = masker.random_candidates[sets, pick.clamp(max=masker.random_candidates.size(1) - 1)]
+        inputs = torch.where(targets_at & (how == 2), random_words, inputs)
+
+    if masker.probs[3] > 0:
+        neighbours = masker.knn_neighbours[tokens]  # (B, T, K)
+        column = torch.randint(neighbours.size(-1), tokens.shape, generator=generator, device=tokens.device)
+        knn_words = neighbours.gather(-1, column.unsqueeze(-1)).squeeze(-1)
+        use_knn = targets_at & (how == 3)
+        inputs = torch.where(use_knn & (knn_words >= 0), knn_words, inputs)
+        inputs = torch.where(use_knn & (knn_words < 0), mask_symbol, inputs)
+
+    inputs = torch.where(targets_at & (how == 0), mask_symbol, inputs)
+    targets = torch.where(targets_at, tokens, torch.full_like(tokens, pad))
+    return inputs, targets
+
+
+def candidate_table(candidate_lists):
+    """List of 1-D id tensors -> (padded (S, C) table with -1, counts (S,))."""
+    width = max(1, max(len(c) for c in candidate_lists))
+    table = torch.full((len(candidate_lists), width), -1, dtype=torch.long)
+    for row, ids in enumerate(candidate_lists):
+        table[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    counts = torch.tensor([len(c) for c in candidate_lists], dtype=torch.long)
+    return table, counts

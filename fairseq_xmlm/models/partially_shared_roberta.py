@@ -1,0 +1,265 @@
+"""`partially_shared_roberta`: one RoBERTa/BERT-style encoder for every experiment of both papers.
+
+Which parts are shared between languages is a setting:
+- position embeddings (+ a language/segment embedding) per language: Dufter & Schuetze's `lang-pos`
+  (a task flag; the task tells the model through `task.lang_pos`);
+- token embeddings + position embeddings per language (`--sep-emb`): Conneau et al.'s "Sep Emb"; the output
+  projection is tied to the token embeddings, so the softmax is language-specific too, and it is restricted to the
+  language's own vocabulary (`task.language_vocab_masks()`);
+- bottom Transformer layers per language (`--sep-layers 1-3`): Conneau et al.'s "Sep L1-3"; inputs are routed by
+  language id, the layers above stay shared.
+
+Attention goes through `torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
+Layers are post-LayerNorm as in BERT. `encode_layers` returns the states of every layer, layer 0 being the
+embedding output after LayerNorm, which is what the multilinguality metrics read.
+"""
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+
+from fairseq_xmlm.errors import XmlmError
+
+
+@dataclass
+class PartiallySharedRobertaConfig(FairseqDataclass):
+    encoder_layers: int = field(default=12, metadata={"help": "number of Transformer layers"})
+    encoder_embed_dim: int = field(default=768, metadata={"help": "hidden size"})
+    encoder_ffn_embed_dim: int = field(default=3072, metadata={"help": "feed-forward inner size"})
+    encoder_attention_heads: int = field(default=12, metadata={"help": "attention heads"})
+    activation_fn: ChoiceEnum(["gelu", "relu"]) = field(default="gelu", metadata={"help": "FFN activation"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on embeddings, attention output and FFN"})
+    attention_dropout: float = field(default=0.1, metadata={"help": "dropout on attention probabilities"})
+    max_positions: int = field(default=0, metadata={"help": "learned positions per language (0: the task's)"})
+    sep_emb: bool = field(
+        default=False, metadata={"help": "language-specific token + position embeddings (and so softmax)"}
+    )
+    sep_layers: str = field(
+        default="", metadata={"help": "1-based range of bottom layers copied per language, e.g. 1-3"}
+    )
+    compile: bool = field(default=False, metadata={"help": "torch.compile each Transformer layer"})
+
+
+def parse_layer_range(text, num_layers):
+    """"1-3" -> range(0, 3) (0-based layer indices); "" -> empty range. Clear error outside the model depth."""
+    if not text:
+        return range(0)
+    try:
+        first, last = (int(x) for x in text.split("-")) if "-" in text else (int(text), int(text))
+    except ValueError:
+        raise XmlmError(f"--sep-layers must look like 1-3, got {text!r}")
+    if not 1 <= first <= last <= num_layers:
+        raise XmlmError(f"--sep-layers {text} is outside the model's layers 1-{num_layers}")
+    return range(first - 1, last)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim, heads, dropout):
+        super().__init__()
+        if dim % heads:
+            raise XmlmError(f"hidden size {dim} is not divisible by {heads} attention heads")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.dropout = dropout
+
+    def forward(self, x, keep):
+        """x (B, T, D); keep (B, 1, 1, T) bool, True for real (non-pad) keys."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class TransformerLayer(nn.Module):
+    """Post-LayerNorm BERT layer."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        dim = cfg.encoder_embed_dim
+        self.attention = SelfAttention(dim, cfg.encoder_attention_heads, cfg.attention_dropout)
+        self.attention_norm = nn.LayerNorm(dim)
+        self.ffn_in = nn.Linear(dim, cfg.encoder_ffn_embed_dim)
+        self.ffn_out = nn.Linear(cfg.encoder_ffn_embed_dim, dim)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.activation = F.gelu if cfg.activation_fn == "gelu" else F.relu
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, keep):
+        x = self.attention_norm(x + self.dropout(self.attention(x, keep)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(self.dropout(self.activation(self.ffn_in(x))))))
+
+
+def route_by_language(modules, lang_ids, num_langs, *inputs):
+    """Apply modules[l] to the rows of language l; rows of other languages never touch modules[l]."""
+    if num_langs == 1:
+        return modules[0](*inputs)
+    out = None
+    for lang in range(num_langs):
+        rows = (lang_ids == lang).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        y = modules[lang](*(t[rows] for t in inputs))
+        if out is None:
+            out = y.new_empty((lang_ids.size(0),) + y.shape[1:])
+        out[rows] = y
+    return out
+
+
+@register_model("partially_shared_roberta", dataclass=PartiallySharedRobertaConfig)
+class PartiallySharedRoberta(BaseFairseqModel):
+    def __init__(self, cfg, dictionary_size, padding_idx, num_langs, lang_pos, vocab_masks):
+        super().__init__()
+        self.cfg = cfg
+        self.padding_idx = padding_idx
+        self.num_langs = num_langs
+        self.lang_pos = lang_pos
+        self.max_positions_per_lang = cfg.max_positions
+        dim = cfg.encoder_embed_dim
+        n_token_tables = num_langs if cfg.sep_emb else 1
+        n_position_tables = num_langs if (cfg.sep_emb or lang_pos) else 1
+        self.token_embeddings = nn.ModuleList(
+            nn.Embedding(dictionary_size, dim, padding_idx=padding_idx) for _ in range(n_token_tables)
+        )
+        self.position_embeddings = nn.ModuleList(
+            nn.Embedding(cfg.max_positions, dim) for _ in range(n_position_tables)
+        )
+        # Dufter & Schuetze's lang-pos pairs language-specific positions with a segment embedding (0/1).
+        self.language_embedding = nn.Embedding(num_langs, dim) if lang_pos else None
+        self.embedding_norm = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+        self.separate_layers = parse_layer_range(cfg.sep_layers, cfg.encoder_layers)
+        self.layers = nn.ModuleList(
+            nn.ModuleList(TransformerLayer(cfg) for _ in range(num_langs if i in self.separate_layers else 1))
+            for i in range(cfg.encoder_layers)
+        )
+        self.lm_dense = nn.Linear(dim, dim)
+        self.lm_norm = nn.LayerNorm(dim)
+        self.lm_bias = nn.ParameterList(nn.Parameter(torch.zeros(dictionary_size)) for _ in range(n_token_tables))
+        # With separate embeddings each language predicts only its own vocabulary.
+        self.register_buffer("vocab_masks", vocab_masks if cfg.sep_emb else None)
+        self.apply(self._init_weights)
+        if cfg.compile:
+            for layer_copies in self.layers:
+                for layer in layer_copies:
+                    layer.compile()
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                nn.init.zeros_(module.weight[module.padding_idx])
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        if not cfg.max_positions:
+            cfg.max_positions = task.max_positions()
+        num_langs = len(task.langs)
+        if cfg.sep_emb and num_langs < 2:
+            raise XmlmError("--sep-emb needs a task with at least two languages")
+        if cfg.sep_layers and num_langs < 2:
+            raise XmlmError("--sep-layers needs a task with at least two languages")
+        vocab_masks = task.language_vocab_masks() if cfg.sep_emb else None
+        return cls(cfg, len(task.dictionary), task.dictionary.pad(), num_langs, getattr(task, "lang_pos", False),
+                   vocab_masks)
+
+    def max_positions(self):
+        return self.max_positions_per_lang
+
+    def language_parameters(self):
+        """{language index: names of the parameters that only that language uses}; every other one is shared.
+
+        (lang-pos's segment embedding is one table with a row per language; it is listed as shared.)
+        """
+        owned = {lang: [] for lang in range(self.num_langs)}
+        groups = []
+        if len(self.token_embeddings) > 1:
+            groups += [("token_embeddings", self.token_embeddings), ("lm_bias", self.lm_bias)]
+        if len(self.position_embeddings) > 1:
+            groups.append(("position_embeddings", self.position_embeddings))
+        groups += [(f"layers.{i}", self.layers[i]) for i in self.separate_layers]
+        for prefix, copies in groups:
+            for lang, module in enumerate(copies):
+                if isinstance(module, nn.Parameter):
+                    owned[lang].append(f"{prefix}.{lang}")
+                else:
+                    owned[lang] += [f"{prefix}.{lang}.{name}" for name, _ in module.named_parameters()]
+        return owned
+
+    def _check_lang_ids(self, src_tokens, lang_ids):
+        if lang_ids is None:
+            if self.num_langs > 1 and (self.lang_pos or len(self.token_embeddings) > 1 or self.separate_layers):
+                raise XmlmError("this model has language-specific parts: pass lang_ids")
+            return src_tokens.new_zeros(src_tokens.size(0))
+        return lang_ids
+
+    def embed(self, src_tokens, lang_ids):
+        positions = torch.arange(src_tokens.size(1), device=src_tokens.device).unsqueeze(0).expand_as(src_tokens)
+        if src_tokens.size(1) > self.max_positions_per_lang:
+            raise XmlmError(f"input of {src_tokens.size(1)} tokens exceeds max_positions {self.max_positions_per_lang}")
+        x = route_by_language(self.token_embeddings, lang_ids, len(self.token_embeddings), src_tokens)
+        x = x + route_by_language(self.position_embeddings, lang_ids, len(self.position_embeddings), positions)
+        if self.language_embedding is not None:
+            x = x + self.language_embedding(lang_ids).unsqueeze(1)
+        return self.embedding_norm(x)
+
+    def encode_layers(self, src_tokens, lang_ids=None):
+        """List of (B, T, D) states: index 0 = embeddings after LayerNorm, index i = output of layer i."""
+        lang_ids = self._check_lang_ids(src_tokens, lang_ids)
+        keep = src_tokens.ne(self.padding_idx)[:, None, None, :]
+        x = self.embed(src_tokens, lang_ids)
+        states = [x]
+        x = self.dropout(x)
+        for copies in self.layers:
+            x = route_by_language(copies, lang_ids, len(copies), x, keep)
+            states.append(x)
+        return states
+
+    def output_logits(self, features, lang_of_row):
+        """features (N, D) -> logits (N, V), each row through its language's tied output embedding."""
+        h = self.lm_norm(F.gelu(self.lm_dense(features)))
+        if len(self.token_embeddings) == 1:
+            return F.linear(h, self.token_embeddings[0].weight, self.lm_bias[0])
+        heads = [partial(F.linear, weight=emb.weight, bias=bias) for emb, bias in zip(self.token_embeddings, self.lm_bias)]
+        logits = route_by_language(heads, lang_of_row, self.num_langs, h)
+        return logits.masked_fill(~self.vocab_masks[lang_of_row], float("-inf"))
+
+    def forward(self, src_tokens, lang_ids=None, masked_tokens=None, features_only=False, return_all_hiddens=False,
+                **unused):
+        lang_ids = self._check_lang_ids(src_tokens, lang_ids)
+        states = self.encode_layers(src_tokens, lang_ids)
+        extra = {"inner_states": states if return_all_hiddens else [states[-1]]}
+        features = states[-1]
+        if features_only:
+            return features, extra
+        lang_of_token = lang_ids.unsqueeze(1).expand_as(src_tokens)
+        if masked_tokens is not None:
+            features, lang_of_token = features[masked_tokens], lang_of_token[masked_tokens]
+        logits = self.output_logits(features.reshape(-1, features.size(-1)), lang_of_token.reshape(-1))
+        return logits.view(*features.shape[:-1], -1), extra
+
+
+def _architecture(name, layers, dim, heads, ffn, max_positions=0):
+    @register_model_architecture("partially_shared_roberta", name)
+    def arch(cfg):
+        cfg.encoder_layers = getattr(cfg, "encoder_layers", layers)
+        cfg.encoder_embed_dim = getattr(cfg, "encoder_embed_dim", dim)
+        cfg.encoder_attention_heads = getattr(cfg, "encoder_attention_heads", heads)
+        cfg.encoder_ffn_embed_dim = getattr(cfg, "encoder_ffn_embed_dim", ffn)
+        cfg.max_positions = getattr(cfg, "max_positions", max_positions)
+
+    return arch
+
+
+# Dufter & Schuetze's BERT-small (BERT-base divided by 12) and BERT-base ("overparam"); Conneau et al.'s encoder.
+_architecture("xmlm_bert_small", layers=12, dim=64, heads=1, ffn=256)
+_architecture("xmlm_bert_base", layers=12, dim=768, heads=12, ffn=3072)
+_architecture("xmlm_conneau", layers=8, dim=768, heads=12, ffn=3072, max_positions=256)

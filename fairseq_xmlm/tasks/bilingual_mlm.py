@@ -1,0 +1,208 @@
+"""Conneau et al. 2020: masked language modelling on two or more real languages with one shared dictionary.
+
+Each batch holds continuous 256-token streams of ONE language; which language is sampled with probability
+proportional to its share of sentences raised to the power 0.7 (renormalised), as in XLM. The language id travels
+with every sample, so `partially_shared_roberta` can route it to that language's embeddings and layers.
+
+Splits: `train` and `valid` hold every language of `--langs`; `valid_<lang>` (e.g. `valid_en`) one language, so
+`--valid-subset valid_en,valid_fr` selects the best checkpoint by English dev perplexity (fairseq uses the first
+subset for that).
+"""
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from fairseq.data import data_utils, iterators
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II
+
+from fairseq_xmlm.data.mlm_dataset import MaskedLanguageDataset
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.masking import Masker, candidate_table, parse_replacement_probs
+from fairseq_xmlm.vocabulary import add_mask_symbol, load_data_dictionary, load_split_sentences, real_symbol_ids
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BilingualMLMConfig(FairseqDataclass):
+    data: str = field(default="", metadata={"help": "data-bin directory written by xmlm-prepare pair"})
+    langs: str = field(default="en,fr", metadata={"help": "comma-separated languages, first = language 0"})
+    tokens_per_sample: int = field(default=256, metadata={"help": "tokens per stream, <s> included"})
+    mask_prob: float = field(default=0.15, metadata={"help": "fraction of tokens chosen as targets"})
+    replacement_probs: str = field(default="0.8,0.1,0.1", metadata={"help": "MASK,KEEP,RANDOM for targets"})
+    random_replace: ChoiceEnum(["cross", "within", "none"]) = field(
+        default="cross",
+        metadata={"help": "random words from the whole vocabulary (cross), the language's own (within), or never"},
+    )
+    lang_sampling_alpha: float = field(default=0.7, metadata={"help": "p(lang) proportional to share ** alpha"})
+    seed: int = II("common.seed")
+
+
+def language_probabilities(sentence_counts, alpha):
+    """p_l proportional to (n_l / sum n) ** alpha, renormalised."""
+    shares = np.asarray(sentence_counts, dtype=np.float64)
+    shares = shares / shares.sum()
+    weighted = shares**alpha
+    return weighted / weighted.sum()
+
+
+def cut_streams(sentences, eos, bos, tokens_per_sample):
+    """Concatenate sentences (each closed by </s>) and cut the stream into blocks of `<s>` + tokens_per_sample-1."""
+    flat = torch.cat([torch.cat([s, s.new_tensor([eos])]) for s in sentences])
+    body = tokens_per_sample - 1
+    blocks = [flat[i : i + body] for i in range(0, len(flat), body)]
+    return [torch.cat([b.new_tensor([bos]), b]) for b in blocks if len(b) > 1]
+
+
+class LanguageBatches:
+    """Per epoch: resample each language's streams to its sampled share, then cut single-language batches."""
+
+    def __init__(self, stream_langs, probabilities, batch_size, seed, resample):
+        self.stream_langs = np.asarray(stream_langs)
+        self.probabilities = probabilities
+        self.batch_size = batch_size
+        self.seed = seed
+        self.resample = resample
+
+    def __call__(self, dataset, epoch):
+        total = len(self.stream_langs)
+        batches = []
+        with data_utils.numpy_seed(self.seed, epoch):
+            for lang, p in enumerate(self.probabilities):
+                own = np.flatnonzero(self.stream_langs == lang)
+                if self.resample:
+                    want = max(1, int(round(p * total)))
+                    own = np.random.choice(own, want, replace=want > len(own))
+                    np.random.shuffle(own)
+                batches += [own[i : i + self.batch_size] for i in range(0, len(own), self.batch_size)]
+        return batches
+
+
+@register_task("bilingual_mlm", dataclass=BilingualMLMConfig)
+class BilingualMLMTask(FairseqTask):
+    lang_pos = False
+
+    def __init__(self, cfg, dictionary, langs):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+        self.langs = langs
+        self.mask_idx = dictionary.index("<mask>")
+        self.special_ids = {dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk(), self.mask_idx}
+        self.special_ids |= {i for i in range(dictionary.nspecial, len(dictionary)) if dictionary.count[i] == 0}
+        self._train_sentences = None
+        self._vocab_masks = None
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        langs = [lang.strip() for lang in cfg.langs.split(",") if lang.strip()]
+        if len(langs) < 1:
+            raise XmlmError("--langs needs at least one language")
+        meta_path = os.path.join(cfg.data, "meta.json")
+        if os.path.isfile(meta_path):
+            with open(meta_path, encoding="utf-8") as f:
+                have = json.load(f).get("langs", [])
+            missing = [lang for lang in langs if lang not in have]
+            if missing:
+                raise XmlmError(f"language(s) {', '.join(missing)} not in {cfg.data} (it has {', '.join(have)})")
+        dictionary = add_mask_symbol(load_data_dictionary(cfg.data))
+        for lang in langs:
+            if not os.path.isfile(os.path.join(cfg.data, f"train.{lang}.idx")):
+                raise XmlmError(f"language {lang} is missing from {cfg.data} (no train.{lang}.idx)")
+        return cls(cfg, dictionary, langs)
+
+    def train_sentences(self):
+        if self._train_sentences is None:
+            self._train_sentences = [load_split_sentences(self.cfg.data, "train", lang, self.dictionary)
+                                     for lang in self.langs]
+        return self._train_sentences
+
+    def load_split_sentences(self, split, lang):
+        return load_split_sentences(self.cfg.data, split, self.langs[lang], self.dictionary)
+
+    def language_vocab_masks(self):
+        """(num_langs, V): the symbols seen in each language's training data (plus the specials)."""
+        if self._vocab_masks is None:
+            masks = torch.zeros(len(self.langs), len(self.dictionary), dtype=torch.bool)
+            for lang, sentences in enumerate(self.train_sentences()):
+                masks[lang, torch.cat(sentences).unique()] = True
+            masks[:, sorted(self.special_ids)] = True
+            self._vocab_masks = masks
+        return self._vocab_masks
+
+    def sentence_input(self, ids, lang):
+        ids = torch.as_tensor(ids, dtype=torch.long)[: self.cfg.tokens_per_sample - 2]
+        return torch.cat([ids.new_tensor([self.dictionary.bos()]), ids, ids.new_tensor([self.dictionary.eos()])])
+
+    def build_masker(self):
+        probs = parse_replacement_probs(self.cfg.replacement_probs)
+        if self.cfg.random_replace == "none":
+            probs = (probs[0], probs[1] + probs[2], 0.0, probs[3])
+        specials = torch.tensor(sorted(self.special_ids))
+        if self.cfg.random_replace == "within":
+            masks = self.language_vocab_masks().clone()
+            masks[:, specials] = False
+            candidates, counts = candidate_table([m.nonzero().squeeze(1) for m in masks])
+        else:
+            candidates, counts = candidate_table([real_symbol_ids(self.dictionary, exclude=self.special_ids)])
+        return Masker(self.cfg.mask_prob, probs, specials, candidates, counts)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        if split.startswith("valid_") or split.startswith("test_"):
+            base, lang_name = split.split("_", 1)
+            if lang_name not in self.langs:
+                raise XmlmError(f"split {split}: language {lang_name} is not one of --langs {','.join(self.langs)}")
+            split_langs = [self.langs.index(lang_name)]
+        else:
+            base, split_langs = split, range(len(self.langs))
+        items, sentence_counts = [], []
+        for lang in split_langs:
+            sentences = (self.train_sentences()[lang] if base == "train"
+                         else load_split_sentences(self.cfg.data, base, self.langs[lang], self.dictionary))
+            streams = cut_streams(sentences, self.dictionary.eos(), self.dictionary.bos(), self.cfg.tokens_per_sample)
+            items += [(s, lang) for s in streams]
+            sentence_counts.append(len(sentences))
+        use_within = self.cfg.random_replace == "within"
+        candidate_set = list(range(len(self.langs))) if use_within else [0] * len(self.langs)
+        dataset = MaskedLanguageDataset(
+            items, [len(t) for t, _ in items], self.dictionary.pad(), self.build_masker(),
+            [self.mask_idx] * len(self.langs), candidate_set, seed=self.cfg.seed, shuffle=base == "train",
+        )
+        probabilities = np.zeros(len(self.langs))
+        probabilities[list(split_langs)] = language_probabilities(sentence_counts, self.cfg.lang_sampling_alpha)
+        dataset.language_probabilities = probabilities
+        self.datasets[split] = dataset
+        logger.info(f"bilingual_mlm {split}: {len(items)} streams of <= {self.cfg.tokens_per_sample} tokens; "
+                    f"p(lang) = {dict(zip(self.langs, np.round(probabilities, 3)))}")
+
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,
+                           shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
+                           skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False):
+        batch_size = max_sentences or max(1, (max_tokens or 0) // self.cfg.tokens_per_sample)
+        if not batch_size:
+            raise XmlmError("bilingual_mlm needs --batch-size or --max-tokens")
+        dataset.set_epoch(epoch)
+        stream_langs = [lang for _, lang in dataset.items]
+        batches = LanguageBatches(stream_langs, dataset.language_probabilities, batch_size, seed,
+                                  resample=dataset.shuffle)
+        return iterators.EpochBatchIterator(
+            dataset=dataset, collate_fn=dataset.collater, batch_sampler=batches, seed=seed, num_shards=num_shards,
+            shard_id=shard_id, num_workers=num_workers, epoch=epoch, buffer_size=data_buffer_size,
+            skip_remainder_batch=skip_remainder_batch,
+        )
+
+    def max_positions(self):
+        return self.cfg.tokens_per_sample
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary

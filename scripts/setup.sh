@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Idempotent set-up: creates .venv (Python >= 3.11) with the pinned stack and the plugin (editable).
+# A second run on a set-up machine only checks a stamp and returns in seconds.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+venv="$root/.venv"
+stamp="$venv/.xmlm-setup-stamp"
+want=$(cat scripts/setup.sh setup.py | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import fairseq, fairseq_xmlm" 2>/dev/null; then
+  exit 0
+fi
+py=${PYTHON:-python3}
+"$py" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"' || {
+  echo "setup: Python >= 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
+[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+pip() { "$venv/bin/python" -m pip "$@"; }
+echo "setup: installing the pinned stack into $venv" >&2
+pip install -q --upgrade pip
+# torch is pinned: an unpinned torch makes pip fetch a multi-GB CUDA build.
+pip install -q torch==2.13.0 "numpy<3" cython "setuptools<81" wheel hydra-core==1.3.2 omegaconf==2.3.0 \
+  regex sacrebleu tqdm bitarray scikit-learn scipy matplotlib sentencepiece sacremoses fasttext-numpy2 pytest
+# fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is the same API. Build it against the torch
+# above (--no-build-isolation) and without its declared deps (--no-deps: they would pull torchaudio).
+if ! "$venv/bin/python" -c "import fairseq" 2>/dev/null; then
+  echo "setup: building fairseq-fixed==0.12.3.1 (about 2 minutes)" >&2
+  pip install -q --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
+fi
+pip install -q --no-build-isolation --no-deps -e .
+echo "$want" > "$stamp"
+echo "setup: done ($("$venv/bin/python" -c 'import fairseq, torch; print("fairseq", fairseq.__version__, "torch", torch.__version__)'))" >&2

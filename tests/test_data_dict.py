@@ -1,0 +1,84 @@
+"""xmlm-fetch-dict on the real Debian FreeDict eng-fra package (downloaded once with apt-get into the cache)."""
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairseq_xmlm.data import freedict
+from fairseq_xmlm.errors import XmlmError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_data_bible import fetched_bible_dir  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("apt-get") is None and not
+                                (freedict.cache_dir() / "freedict" / "dict-freedict-eng-fra").exists(),
+                                reason="needs apt-get (or a cached dict-freedict-eng-fra)")
+
+
+@pytest.fixture(scope="module")
+def en_fr_pairs():
+    return freedict.parse_freedict(freedict.fetch_package("en-fr"))
+
+
+def test_dictd_numbers():
+    assert freedict.dictd_number("A") == 0
+    assert freedict.dictd_number("B") == 1
+    assert freedict.dictd_number("BA") == 64
+    assert freedict.dictd_number("LOB") == 11 * 64 * 64 + 14 * 64 + 1
+
+
+def test_entry_parsing():
+    entry = "abate /əbeit/\n1. s'abaisser, s'abattre\n2. abaisser, abréger (un texte), amoindrir\n"
+    assert freedict.entry_translations(entry) == ["s'abaisser", "s'abattre", "abaisser", "abréger", "amoindrir"]
+    german = ("hunting animal /x/\nJagdtier <neut>, jagendes Tier <neut>, Jäger <masc> [zool.]\n"
+              "   Synonym: {hunter}\n\n see: {hunting animals}\n")
+    assert freedict.entry_translations(german) == ["jagdtier", "jäger"]
+    hindi = 'voyage /v/ <N>\n1. यात्रा{जल~या~विमान}\n      "The findings take us on a voyage"\n'
+    assert freedict.entry_translations(hindi) == ["यात्रा"]
+
+
+def test_real_en_fr_dictionary(en_fr_pairs):
+    pairs = set(en_fr_pairs)
+    assert len(pairs) == len(en_fr_pairs) > 10000
+    assert {("abbey", "abbaye"), ("abandon", "abandonner"), ("abbot", "abbé")} <= pairs
+    assert all(src == src.lower() and tgt == tgt.lower() for src, tgt in pairs)
+    assert all(" " not in src and " " not in tgt and src and tgt for src, tgt in pairs)
+    assert not any(src.startswith("00database") for src, _ in pairs)
+
+
+def test_vocab_filter_and_test_split(tmp_path):
+    bible_dir = fetched_bible_dir()
+    out, test_out = tmp_path / "en-fr.txt", tmp_path / "en-fr.test.txt"
+    counts = freedict.build_dictionary("en-fr", out, vocab=bible_dir / "en.txt", tgt_vocab=bible_dir / "fr.txt",
+                                       test_size=100, test_out=test_out)
+    train, test = freedict.load_muse_dictionary(out), freedict.load_muse_dictionary(test_out)
+    assert counts["train"] == len(train) > 500 and counts["test"] == len(test)
+    english = freedict.word_frequencies(bible_dir / "en.txt")
+    french = freedict.word_frequencies(bible_dir / "fr.txt")
+    assert all(src in english and tgt in french for src, tgt in train + test)
+    test_sources = {src for src, _ in test}
+    assert len(test_sources) == 100 and not test_sources & {src for src, _ in train}
+    # the test words are the most frequent dictionary words of the corpus
+    assert min(english[w] for w in test_sources) >= max(english[src] for src, _ in train)
+
+
+def test_load_muse_dictionary(tmp_path):
+    path = tmp_path / "d.txt"
+    path.write_text("dog chien 0.7\ndog toutou 0.3\ncat chat\n\n")
+    assert freedict.load_muse_dictionary(path) == [("dog", "chien"), ("dog", "toutou"), ("cat", "chat")]
+    assert freedict.load_muse_dictionary(path, with_weights=True)[-1] == ("cat", "chat", 1.0)
+    path.write_text("dog chien\nthree words here too\n")
+    with pytest.raises(XmlmError, match="line 2 is not `src tgt"):
+        freedict.load_muse_dictionary(path)
+
+
+def test_errors(tmp_path, capsys):
+    with pytest.raises(XmlmError, match="no FreeDict package for 'en-xx'.*MUSE"):
+        freedict.fetch_package("en-xx")
+    with pytest.raises(SystemExit) as exit_info:
+        freedict.main(["--pair", "en-fr", "--out", str(tmp_path / "d.txt"), "--test-size", "5"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("--test-size needs --vocab (the corpus that ranks source "
+                                                    "words by frequency)")
+    assert not (tmp_path / "d.txt").exists()

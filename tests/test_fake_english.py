@@ -1,0 +1,209 @@
+"""The fake_english task: masking statistics on real Bible batches, every modification, real training runs."""
+import pytest
+import torch
+
+from conftest import fairseq_train
+from fairseq_xmlm.checkpoints import load_checkpoint
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask
+from fairseq_xmlm.vocabulary import dictionary_fingerprint
+
+
+def make_task(data, **flags):
+    return FakeEnglishTask.setup_task(FakeEnglishConfig(data=str(data), seed=1, **flags))
+
+
+def batches(task, split="train", n=20, epoch=1):
+    task.load_dataset(split)
+    dataset = task.datasets[split]
+    iterator = task.get_batch_iterator(dataset, max_sentences=256, seed=1, epoch=epoch).next_epoch_itr(shuffle=False)
+    return [batch for _, batch in zip(range(n), iterator)]
+
+
+def write_twin_table(task, path, k=3):
+    """Neighbours of each English symbol: k Fake symbols (its twin first); of each Fake symbol: k English ones."""
+    v = task.english_size
+    ids = torch.arange(2 * v)
+    other = torch.where(ids < v, ids + v, ids - v)
+    neighbours = torch.stack([other] + [(other + j) % v + torch.where(ids < v, v, 0) for j in range(1, k)], dim=1)
+    torch.save({"neighbours": neighbours, "dict_size": 2 * v, "dict_md5": dictionary_fingerprint(task.dictionary),
+                "k": k, "langs": ["en", "fake"]}, path)
+    return neighbours
+
+
+def replacement_counts(task, sample_batches):
+    """(targets, maskable tokens, #mask, #keep, #other) over the batches."""
+    specials = torch.tensor(sorted(task.special_ids))
+    totals = torch.zeros(5, dtype=torch.long)
+    for batch in sample_batches:
+        inputs, target = batch["net_input"]["src_tokens"], batch["target"]
+        at = target.ne(task.dictionary.pad())
+        original = torch.where(at, target, inputs)
+        mask_ids = torch.tensor([task.specials_of(lang)[2] for lang in (0, 1)])[batch["net_input"]["lang_ids"]]
+        is_mask = inputs.eq(mask_ids.unsqueeze(1)) & at
+        totals += torch.tensor([at.sum(), (~torch.isin(original, specials)).sum(), is_mask.sum(),
+                                (at & inputs.eq(target)).sum(), (at & ~is_mask & inputs.ne(target)).sum()])
+    return totals.tolist()
+
+
+def test_fifteen_percent_targets_never_specials(fake_english_data):
+    task = make_task(fake_english_data)
+    sample = batches(task)
+    targets, maskable, n_mask, n_keep, n_random = replacement_counts(task, sample)
+    assert abs(targets / maskable - 0.15) < 0.01
+    specials = torch.tensor(sorted(task.special_ids))
+    for batch in sample:
+        assert not torch.isin(batch["target"][batch["target"].ne(task.dictionary.pad())], specials).any()
+    assert abs(n_mask / targets - 0.8) < 0.02 and abs(n_keep / targets - 0.1) < 0.015
+    assert abs(n_random / targets - 0.1) < 0.015
+
+
+def test_random_words_cross_languages(fake_english_data):
+    task = make_task(fake_english_data)
+    crossed = 0
+    for batch in batches(task):
+        inputs, target, langs = batch["net_input"]["src_tokens"], batch["target"], batch["net_input"]["lang_ids"]
+        replaced = target.ne(task.dictionary.pad()) & inputs.ne(target) & inputs.ne(task.mask_idx)
+        foreign = (inputs >= task.english_size).long().ne(langs.unsqueeze(1))
+        crossed += int((replaced & foreign).sum())
+        assert not torch.isin(inputs[replaced], torch.tensor(sorted(task.special_ids))).any()
+    assert crossed > 100
+
+
+def test_no_random_never_inserts_a_new_token(fake_english_data):
+    task = make_task(fake_english_data, no_random=True)
+    sample = batches(task)
+    for batch in sample:
+        inputs, target = batch["net_input"]["src_tokens"], batch["target"]
+        at = target.ne(task.dictionary.pad())
+        assert (inputs[at].eq(target[at]) | inputs[at].eq(task.mask_idx)).all()
+        assert torch.equal(inputs[~at], batch["net_input"]["src_tokens"][~at])
+    targets, _, n_mask, n_keep, n_random = replacement_counts(task, sample)
+    assert n_random == 0 and abs(n_keep / targets - 0.2) < 0.02
+
+
+def test_knn_replacements_come_from_the_other_language_neighbour_list(fake_english_data, tmp_path):
+    probe = make_task(fake_english_data)
+    neighbours = write_twin_table(probe, tmp_path / "knn.pt")
+    # No random words here, so every changed target that is not the mask is a knn replacement.
+    task = make_task(fake_english_data, knn_replace=3, knn_table=str(tmp_path / "knn.pt"),
+                     replacement_probs="0.5,0.2,0,0.3")
+    n_knn = n_targets = 0
+    for batch in batches(task):
+        inputs, target, langs = batch["net_input"]["src_tokens"], batch["target"], batch["net_input"]["lang_ids"]
+        at = target.ne(task.dictionary.pad())
+        is_knn = at & inputs.ne(target) & inputs.ne(task.mask_idx)
+        assert ((inputs[is_knn] >= task.english_size).long() != langs.unsqueeze(1).expand_as(inputs)[is_knn]).all()
+        for row, col in is_knn.nonzero().tolist():
+            assert int(inputs[row, col]) in neighbours[target[row, col]].tolist()
+        n_knn += int(is_knn.sum())
+        n_targets += int(at.sum())
+    assert abs(n_knn / n_targets - 0.3) < 0.02
+
+
+def test_shift_special_gives_fake_sentences_their_own_specials(fake_english_data):
+    task = make_task(fake_english_data, shift_special=True)
+    v = task.english_size
+    ids = task.load_split_sentences("train")[0]
+    fake = task.sentence_input(ids, 1)
+    assert fake[0] == task.dictionary.bos() + v and fake[-1] == task.dictionary.eos() + v
+    assert task.dictionary[int(fake[0])] == "::<s>" and task.dictionary[task.specials_of(1)[2]] == "::<mask>"
+    for batch in batches(task, n=5):
+        rows = batch["net_input"]["lang_ids"].eq(1)
+        inputs, target = batch["net_input"]["src_tokens"][rows], batch["target"][rows]
+        assert inputs[:, 0].eq(task.dictionary.bos() + v).all()
+        at = target.ne(task.dictionary.pad())
+        assert not inputs[at].eq(task.mask_idx).any() and inputs[at].eq(task.mask_idx + v).any()
+
+
+def test_default_shares_the_specials(fake_english_data):
+    task = make_task(fake_english_data)
+    fake = task.sentence_input(task.load_split_sentences("train")[0], 1)
+    assert fake[0] == task.dictionary.bos() and fake[-1] == task.dictionary.eos()
+
+
+def test_fake_is_english_shifted_and_lang_ids_travel(fake_english_data):
+    task = make_task(fake_english_data, lang_pos=True)
+    v = task.english_size
+    ids = task.load_split_sentences("train")[3]
+    assert torch.equal(task.sentence_input(ids, 1)[1:-1], ids + v)
+    assert torch.equal(task.sentence_input(ids, 0)[1:-1], ids)
+    assert task.lang_pos
+    for batch in batches(task, n=5):
+        tokens = torch.where(batch["target"].ne(1), batch["target"], batch["net_input"]["src_tokens"])
+        langs = batch["net_input"]["lang_ids"]
+        real = ~torch.isin(tokens, torch.tensor(sorted(task.special_ids)))
+        assert ((tokens >= v).long().eq(langs.unsqueeze(1)) | ~real).all()
+
+
+def test_inv_order_reverses_exactly(fake_english_data):
+    task = make_task(fake_english_data, inv_order=True)
+    ids = task.load_split_sentences("train")[5]
+    assert torch.equal(task.sentence_input(ids, 1)[1:-1], (ids + task.english_size).flip(0))
+    assert torch.equal(task.sentence_input(ids, 0)[1:-1], ids)
+
+
+def test_no_parallel_halves_are_disjoint(fake_english_data):
+    task = make_task(fake_english_data, no_parallel=True)
+    sentences = task.load_split_sentences("train")
+    task.load_dataset("train")
+    items = task.datasets["train"].items
+    english = {tuple(t[1:-1].tolist()) for t, lang in items if lang == 0}
+    fake = {tuple((t[1:-1] - task.english_size).tolist()) for t, lang in items if lang == 1}
+    half = len(sentences) // 2
+    assert english == {tuple(s.tolist()) for s in sentences[:half]}
+    assert fake == {tuple(s.tolist()) for s in sentences[half:]}
+    assert len(items) == len(sentences)
+
+
+def test_same_seed_same_masks_new_epoch_new_masks(fake_english_data):
+    first = batches(make_task(fake_english_data), n=3)
+    again = batches(make_task(fake_english_data), n=3)
+    later = batches(make_task(fake_english_data), n=3, epoch=2)
+    for a, b in zip(first, again):
+        assert torch.equal(a["net_input"]["src_tokens"], b["net_input"]["src_tokens"])
+    assert not torch.equal(first[0]["target"], later[0]["target"]) or not torch.equal(first[0]["id"], later[0]["id"])
+
+
+def test_bad_input_is_refused(fake_english_data, tmp_path):
+    with pytest.raises(XmlmError, match="knn-table"):
+        make_task(fake_english_data, knn_replace=3).build_masker()
+    other = make_task(fake_english_data)
+    write_twin_table(other, tmp_path / "knn.pt")
+    table = torch.load(tmp_path / "knn.pt")
+    table["dict_md5"] = "0" * 32
+    torch.save(table, tmp_path / "other.pt")
+    with pytest.raises(XmlmError, match="another vocabulary"):
+        make_task(fake_english_data, knn_replace=3, knn_table=str(tmp_path / "other.pt")).build_masker()
+    with pytest.raises(XmlmError, match="sum to 1"):
+        make_task(fake_english_data, replacement_probs="0.5,0.1,0.1,0.1", knn_replace=3)
+    with pytest.raises(XmlmError, match="no-random"):
+        make_task(fake_english_data, no_random=True, replacement_probs="0.8,0.1,0.1")
+    with pytest.raises(XmlmError, match="dictionary"):
+        make_task(tmp_path)
+
+
+FLAGS = {
+    "lang-pos": ["--lang-pos"], "shift-special": ["--shift-special"], "no-random": ["--no-random"],
+    "inv-order": ["--inv-order"], "no-parallel": ["--no-parallel"], "knn-replace": ["--knn-replace", "3"],
+    "overparam": ["--arch", "xmlm_bert_base", "--lr", "1e-4"],
+}
+
+
+@pytest.mark.parametrize("name", list(FLAGS))
+def test_training_run_per_flag_loads_back_with_every_layer(name, fake_english_data, tmp_path):
+    extra = list(FLAGS[name])
+    if name == "knn-replace":
+        write_twin_table(make_task(fake_english_data), tmp_path / "knn.pt")
+        extra += ["--knn-table", str(tmp_path / "knn.pt")]
+    log = fairseq_train(fake_english_data, tmp_path / "ck", "--task", "fake_english", *extra, updates=4)
+    assert "num_updates 4" in log or "num_updates=4" in log
+    model, task, cfg = load_checkpoint(tmp_path / "ck" / "checkpoint_last.pt")
+    flag = name.replace("-", "_")
+    if hasattr(cfg.task, flag):
+        assert getattr(cfg.task, flag)
+    ids = task.load_split_sentences("valid")[0]
+    tokens = torch.stack([task.sentence_input(ids, 0), task.sentence_input(ids, 1)])
+    states = model.encode_layers(tokens, torch.tensor([0, 1]))
+    assert len(states) == 13 and states[8].shape == (2, len(ids) + 2, model.cfg.encoder_embed_dim)
+    assert all(torch.isfinite(s).all() for s in states)

@@ -1,0 +1,171 @@
+"""partially_shared_roberta: routing, parameter counts, language-restricted softmax, attention math."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.data import Dictionary
+
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.models.partially_shared_roberta import PartiallySharedRoberta, PartiallySharedRobertaConfig
+
+V, D, FFN, LAYERS, T = 40, 16, 32, 4, 12
+
+
+class TwoLanguageTask(SimpleNamespace):
+    """The three things the model asks of a task: languages, dictionary, max positions (+ vocab masks)."""
+
+    def max_positions(self):
+        return T
+
+    def language_vocab_masks(self):
+        ids = torch.arange(len(self.dictionary))
+        return torch.stack([(ids < 4) | (ids % 2 == 0), (ids < 4) | (ids % 2 == 1)])
+
+
+def make_task(lang_pos=False):
+    dictionary = Dictionary()
+    for i in range(V - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+    return TwoLanguageTask(langs=("a", "b"), dictionary=dictionary, lang_pos=lang_pos)
+
+
+def make_model(sep_emb=False, sep_layers="", lang_pos=False, dropout=0.0):
+    cfg = PartiallySharedRobertaConfig(encoder_layers=LAYERS, encoder_embed_dim=D, encoder_ffn_embed_dim=FFN,
+                                       encoder_attention_heads=2, dropout=dropout, attention_dropout=dropout,
+                                       sep_emb=sep_emb, sep_layers=sep_layers)
+    torch.manual_seed(0)
+    return PartiallySharedRoberta.build_model(cfg, make_task(lang_pos))
+
+
+def batch(lang, rows=3):
+    tokens = torch.randint(4, V, (rows, T))
+    tokens[0, -3:] = 1  # padding
+    return tokens, torch.full((rows,), lang)
+
+
+def layer_params():
+    attention = 3 * D * D + 3 * D + D * D + D
+    ffn = D * FFN + FFN + FFN * D + D
+    return attention + ffn + 4 * D  # two LayerNorms
+
+
+@pytest.mark.parametrize("sep_emb,sep_layers,lang_pos", [
+    (False, "", False), (True, "", False), (False, "1-3", False), (True, "1-2", False), (False, "", True),
+])
+def test_parameter_counts(sep_emb, sep_layers, lang_pos):
+    model = make_model(sep_emb, sep_layers, lang_pos)
+    n_sep = {"": 0, "1-3": 3, "1-2": 2}[sep_layers]
+    tables = 2 if sep_emb else 1
+    expected = tables * (V * D + V)  # token embeddings + output bias
+    expected += (2 if (sep_emb or lang_pos) else 1) * T * D  # positions
+    expected += (2 * D if lang_pos else 0) + 2 * D  # segment embedding, embedding LayerNorm
+    expected += (LAYERS + n_sep) * layer_params()
+    expected += D * D + D + 2 * D  # LM head dense + LayerNorm
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_language_a_never_touches_language_b_parts():
+    model = make_model(sep_emb=True, sep_layers="1-2")
+    tokens, langs = batch(lang=0)
+    logits, _ = model(tokens, lang_ids=langs)
+    logits[torch.isfinite(logits)].sum().backward()
+    owned = model.language_parameters()
+    params = dict(model.named_parameters())
+    for name in owned[1]:
+        grad = params[name].grad
+        assert grad is None or torch.count_nonzero(grad) == 0, name
+    assert all(params[name].grad is not None and params[name].grad.abs().sum() > 0
+               for name in owned[0] if "token_embeddings" in name or "layers.0" in name)
+    shared = set(params) - set(owned[0]) - set(owned[1])
+    assert any(n.startswith("layers.3") for n in shared) and not any(n.startswith("layers.1.") for n in shared)
+
+
+def test_shared_layers_learn_from_both_languages():
+    model = make_model(sep_emb=True, sep_layers="1-2")
+    top = model.layers[3][0].ffn_out.weight
+    grads = []
+    for lang in (0, 1):
+        model.zero_grad()
+        tokens, langs = batch(lang)
+        logits, _ = model(tokens, lang_ids=langs)
+        logits[torch.isfinite(logits)].sum().backward()
+        grads.append(top.grad.clone())
+    assert grads[0].abs().sum() > 0 and grads[1].abs().sum() > 0 and not torch.equal(grads[0], grads[1])
+
+
+def test_mixed_batch_routes_each_row_to_its_language():
+    model = make_model(sep_emb=True, sep_layers="1-2").eval()
+    tokens, _ = batch(0, rows=4)
+    langs = torch.tensor([0, 1, 0, 1])
+    together = model.encode_layers(tokens, langs)[-1]
+    for lang in (0, 1):
+        rows = langs == lang
+        alone = model.encode_layers(tokens[rows], langs[rows])[-1]
+        torch.testing.assert_close(together[rows], alone)
+
+
+def test_separate_softmax_covers_only_the_language_vocabulary():
+    model = make_model(sep_emb=True)
+    tokens, langs = batch(1)
+    logits, _ = model(tokens, lang_ids=langs)
+    allowed = make_task().language_vocab_masks()[1]
+    assert torch.isinf(logits[..., ~allowed]).all() and torch.isfinite(logits[..., allowed]).all()
+    probs = logits.softmax(-1)
+    assert torch.allclose(probs[..., allowed].sum(-1), torch.ones(probs.shape[:-1]))
+
+
+def test_every_layer_is_returned_layer0_after_layernorm():
+    model = make_model().eval()
+    tokens, langs = batch(0)
+    states = model.encode_layers(tokens, langs)
+    assert len(states) == LAYERS + 1 and all(s.shape == (3, T, D) for s in states)
+    x = model.token_embeddings[0](tokens) + model.position_embeddings[0](torch.arange(T))
+    torch.testing.assert_close(states[0], model.embedding_norm(x))
+
+
+def test_sdpa_attention_equals_the_plain_softmax_formula():
+    model = make_model().eval()
+    attention = model.layers[0][0].attention
+    x = torch.randn(2, T, D)
+    keep = torch.ones(2, 1, 1, T, dtype=torch.bool)
+    keep[1, ..., -4:] = False
+    q, k, v = attention.qkv(x).view(2, T, 3, 2, D // 2).permute(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D // 2)
+    plain = scores.masked_fill(~keep, float("-inf")).softmax(-1) @ v
+    expected = attention.out(plain.transpose(1, 2).reshape(2, T, D))
+    torch.testing.assert_close(attention(x, keep), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_lang_pos_uses_language_specific_positions():
+    model = make_model(lang_pos=True).eval()
+    tokens, _ = batch(0)
+    as_a = model.encode_layers(tokens, torch.zeros(3, dtype=torch.long))[0]
+    as_b = model.encode_layers(tokens, torch.ones(3, dtype=torch.long))[0]
+    x = model.token_embeddings[0](tokens) + model.position_embeddings[1](torch.arange(T)) + model.language_embedding.weight[1]
+    torch.testing.assert_close(as_b, model.embedding_norm(x))
+    assert not torch.allclose(as_a, as_b)
+
+
+@pytest.mark.parametrize("bad", ["0-2", "3-9", "4-2", "one-two"])
+def test_sep_layers_outside_the_model_are_refused(bad):
+    with pytest.raises(XmlmError, match="sep-layers"):
+        make_model(sep_layers=bad)
+
+
+def test_language_parts_need_lang_ids():
+    model = make_model(sep_layers="1-1")
+    with pytest.raises(XmlmError, match="lang_ids"):
+        model(batch(0)[0])
+
+
+def test_masked_tokens_select_rows_before_the_softmax():
+    model = make_model().eval()
+    tokens, langs = batch(0)
+    masked = torch.zeros_like(tokens, dtype=torch.bool)
+    masked[:, 2] = True
+    full, _ = model(tokens, lang_ids=langs)
+    some, _ = model(tokens, lang_ids=langs, masked_tokens=masked)
+    torch.testing.assert_close(some, full[masked])
+    assert F.cross_entropy(some, tokens[masked]).isfinite()
