@@ -16,6 +16,7 @@ setup(
             "xmlm-analyze = fairseq_xmlm.analysis.cli:main",
             "xmlm-genre = fairseq_xmlm.zeroshot.genre:main",
             "xmlm-untrained = fairseq_xmlm.untrained:main",
+            "xmlm-zeroshot = fairseq_xmlm.zeroshot.run:main",
         ],
     },
 )

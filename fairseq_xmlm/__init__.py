@@ -5,4 +5,4 @@ distributed workers do when they unpickle our task configs) registers every task
 installs the allowlist that lets fairseq checkpoints load with `torch.load(weights_only=True)`.
 """
 from fairseq_xmlm import checkpoints  # noqa: F401  (installs the safe-loading allowlist first)
-from fairseq_xmlm import criterions, models, tasks  # noqa: F401
+from fairseq_xmlm import criterions, models, optim, tasks  # noqa: F401

@@ -23,7 +23,6 @@ import re
 import sys
 import types
 import typing
-import zipfile
 
 import omegaconf
 import omegaconf.base
@@ -117,7 +116,7 @@ def safe_torch_load(f, map_location=None, **kwargs):
         return torch.load(f, map_location=map_location, weights_only=False, **kwargs)
     try:
         return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError) as err:  # what damaged files raise
         refused = _refused_global(err) if isinstance(err, pickle.UnpicklingError) else None
         if refused:
             raise XmlmError(f"refusing to load checkpoint {name}: it contains the global {refused}, which is not "

@@ -14,7 +14,8 @@ py=${PYTHON:-python3}
 "$py" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"' || {
   echo "setup: Python >= 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-pip() { "$venv/bin/python" -m pip "$@"; }
+# This machine's pip config points at local indexes that do not exist for most packages: drop those warnings.
+pip() { "$venv/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 echo "setup: installing the pinned stack into $venv" >&2
 pip install -q --upgrade pip
 # torch is pinned: an unpinned torch makes pip fetch a multi-GB CUDA build.

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fairseq_xmlm.data import bible
 
@@ -57,3 +58,49 @@ def fake_english_checkpoint(fake_english_data, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("checkpoints") / "original"
     fairseq_train(fake_english_data, save_dir, "--task", "fake_english", updates=10)
     return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    # Fine-tuning is many tiny ops: on a busy 2-core machine two intra-op threads mostly wait for each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def en_fr_checkpoint(tmp_path_factory):
+    """Bible en+fr (joint sentencepiece, 600 pieces) -> a tiny sep-emb + sep-layer-1 encoder, 60 real updates.
+
+    Every data-bin split is read by the genre benchmark; these books put every genre on every benchmark side.
+    The zero-shot tasks read its data-bin's spm model and dictionary."""
+    from fairseq_xmlm.data.prepare import prepare_pair
+
+    root = tmp_path_factory.mktemp("en_fr")
+    bible.fetch_bible(root / "bible", {"en": "3", "fr": "l"})
+    prepare_pair(root / "bible", ["en", "fr"], "joint", 600, root / "data",
+                 train_books="Leviticus,Judges,Job,Micah,Acts,Galatians", valid_books="Ruth,Joel,Titus",
+                 test_books="Ecclesiastes,Jonah,Ezra,2 Peter,Jude")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([str(Path(sys.executable).parent / "fairseq-train"), str(root / "data"), "--user-dir",
+                    "fairseq_xmlm", "--task", "bilingual_mlm", "--langs", "en,fr", "--arch", "xmlm_bert_small",
+                    "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                    "--encoder-attention-heads", "2", "--sep-emb", "--sep-layers", "1-1",
+                    "--tokens-per-sample", "64", "--criterion", "masked_lm", "--optimizer", "adam", "--lr", "1e-3",
+                    "--batch-size", "16", "--max-update", "60", "--cpu", "--num-workers", "0",
+                    "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(root / "ckpt")],
+                   cwd=REPO, env=env, check=True, capture_output=True)
+    return root / "ckpt" / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def bible_en_fr_data(bible_dir, tmp_path_factory):
+    """A small real en-fr pair for bilingual_mlm: joint BPE (600 pieces), Mark + Luke to train, Jonah / Philippians
+    held out."""
+    from fairseq_xmlm.data.prepare import prepare_pair
+
+    out = tmp_path_factory.mktemp("data-bin") / "bible_en_fr"
+    prepare_pair(bible_dir, ["en", "fr"], "joint", 600, out, train_books="Mark,Luke", valid_books="Jonah",
+                 test_books="Philippians")
+    return out

@@ -1,5 +1,8 @@
 """xmlm-eval-mult end to end on tiny real checkpoints, the training-time hook's log, and bad input."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ ARGS = ["--max-sentences", "200", "--max-train-sentences", "200"]
 @pytest.fixture(scope="module")
 def evaluated(fake_english_checkpoint, fake_english_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "eval.json"
-    result = eval_mult.main([str(fake_english_checkpoint), "--data", str(fake_english_data), "--json", str(out), *ARGS])
+    result = eval_mult.run([str(fake_english_checkpoint), "--data", str(fake_english_data), "--json", str(out), *ARGS])
     return result, out
 
 
@@ -44,10 +47,12 @@ def test_an_untrained_model_is_not_multilingual(evaluated):
     assert evaluated[0]["ppl"]["valid"] > 100  # close to the vocabulary size, far from a trained model's
 
 
-def test_summary_line_on_stdout(fake_english_checkpoint, fake_english_data, capsys):
-    eval_mult.main([str(fake_english_checkpoint), "--data", str(fake_english_data), "--layers", "0", "2",
-                    "--max-sentences", "50", "--max-train-sentences", "50"])
-    lines = capsys.readouterr().out.strip().splitlines()
+def test_console_script_prints_one_summary_line(fake_english_checkpoint, fake_english_data):
+    command = [str(Path(sys.executable).parent / "xmlm-eval-mult"), str(fake_english_checkpoint), "--data",
+               str(fake_english_data), "--layers", "0", "2", "--max-sentences", "50", "--max-train-sentences", "50"]
+    finished = subprocess.run(command, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    lines = finished.stdout.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(f"{fake_english_checkpoint}: mu=") and "L2 F1=" in lines[0] and "ppl train=" in lines[0]
 
@@ -56,7 +61,8 @@ def test_inv_order_is_read_from_the_checkpoint(fake_english_data, tmp_path):
     """Under inv-order the gold alignment is reversed: the position-driven identity alignment of a barely trained
     model is then wrong (paper ID 3: F1 .02)."""
     fairseq_train(fake_english_data, tmp_path, "--task", "fake_english", "--inv-order", updates=2)
-    result = eval_mult.main([str(tmp_path / "checkpoint_last.pt"), "--data", str(fake_english_data), *ARGS])
+    result = eval_mult.run([str(tmp_path / "checkpoint_last.pt"), "--data", str(fake_english_data), "--layers", "0",
+                             "--max-sentences", "50", "--max-train-sentences", "20"])
     assert result["layers"]["0"]["align_f1"] < 0.2
 
 
@@ -73,6 +79,7 @@ def test_training_logs_multilinguality_curves(fake_english_data, tmp_path):
 
 
 def expect_error(capsys, argv, message):
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         eval_mult.main(argv)
     assert exit_info.value.code == 2

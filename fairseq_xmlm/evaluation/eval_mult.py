@@ -116,8 +116,8 @@ def parse_args(argv):
     return args
 
 
-@cli_errors
-def main(argv=None):
+def run(argv=None):
+    """The command without the console wrapper: returns the result dict (errors raise XmlmError)."""
     args = parse_args(argv)
     model, task = load_for_evaluation(args.checkpoint, args.data, args.device)
     result = {"checkpoint": args.checkpoint}
@@ -127,6 +127,11 @@ def main(argv=None):
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     print(summary_line(result))
     return result
+
+
+@cli_errors
+def main(argv=None):
+    run(argv)  # returns None: the console-script wrapper exits with main()'s return value
 
 
 if __name__ == "__main__":

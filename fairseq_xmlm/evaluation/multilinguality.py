@@ -245,6 +245,23 @@ class _EvalMode:
         self.model.train(self.was_training)
 
 
+def encode_words(encoder, task, words):
+    """{layer: (English (n,D), Fake (n,D))} vectors of each word fed alone as `<s> w </s>` (Dufter A.1)."""
+    pieces = [torch.tensor([w]) for w in words]
+    vectors, _ = encoder.pooled_and_aligned([task.sentence_input(p, 0) for p in pieces],
+                                            [task.sentence_input(p, 1) for p in pieces])
+    return vectors
+
+
+def word_vectors(model, task, layers=(0,), device=None):
+    """The translation vectors of every English word and its twin: (word ids, {layer: (English, Fake)})."""
+    words = translation_words(task)
+    device = torch.device(device) if device else model_device(model)
+    encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device)
+    with _EvalMode(model):
+        return words, encode_words(encoder, task, words)
+
+
 def model_device(model):
     return next(model.parameters()).device
 
@@ -265,9 +282,7 @@ def multilinguality_scores(model, task, sentences, layers=(0, 8), device=None, m
         sentence_vectors, counts = encoder.pooled_and_aligned(
             [task.sentence_input(s, 0) for s in sentences], [task.sentence_input(s, 1) for s in sentences],
             gold_reversed=bool(task.cfg.inv_order))
-        word_pieces = [torch.tensor([w]) for w in words]
-        word_vectors, _ = encoder.pooled_and_aligned(
-            [task.sentence_input(w, 0) for w in word_pieces], [task.sentence_input(w, 1) for w in word_pieces])
+        word_vectors = encode_words(encoder, task, words)
     labels = _sentence_labels(sentences)
     per_layer = {
         layer: {

@@ -23,6 +23,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.precision import bf16_autocast
 
 
 @dataclass
@@ -42,6 +43,9 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
         default="", metadata={"help": "1-based range of bottom layers copied per language, e.g. 1-3"}
     )
     compile: bool = field(default=False, metadata={"help": "torch.compile each Transformer layer"})
+    amp_bf16: bool = field(
+        default=False, metadata={"help": "forward pass under bf16 autocast, fp32 weights (fairseq's --bf16 needs a TPU)"}
+    )
 
 
 def parse_layer_range(text, num_layers):
@@ -107,6 +111,19 @@ def route_by_language(modules, lang_ids, num_langs, *inputs):
         if out is None:
             out = y.new_empty((lang_ids.size(0),) + y.shape[1:])
         out[rows] = y
+    return out
+
+
+def lookup_by_language(tables, lang_ids, ids):
+    """Row b of the result is tables[lang_ids[b]](ids[b]).
+
+    Unlike `route_by_language` this never asks the GPU which rows belong to which language (no host sync, which
+    stalls a small model's launch queue every step): every table looks up every row, cheap for an embedding, and
+    `torch.where` keeps the row's own language. Rows of other languages give a table exactly zero gradient.
+    """
+    out = tables[0](ids)
+    for lang in range(1, len(tables)):
+        out = torch.where((lang_ids == lang).view(-1, *[1] * (out.dim() - 1)), tables[lang](ids), out)
     return out
 
 
@@ -205,8 +222,8 @@ class PartiallySharedRoberta(BaseFairseqModel):
         positions = torch.arange(src_tokens.size(1), device=src_tokens.device).unsqueeze(0).expand_as(src_tokens)
         if src_tokens.size(1) > self.max_positions_per_lang:
             raise XmlmError(f"input of {src_tokens.size(1)} tokens exceeds max_positions {self.max_positions_per_lang}")
-        x = route_by_language(self.token_embeddings, lang_ids, len(self.token_embeddings), src_tokens)
-        x = x + route_by_language(self.position_embeddings, lang_ids, len(self.position_embeddings), positions)
+        x = lookup_by_language(self.token_embeddings, lang_ids, src_tokens)
+        x = x + lookup_by_language(self.position_embeddings, lang_ids, positions)
         if self.language_embedding is not None:
             x = x + self.language_embedding(lang_ids).unsqueeze(1)
         return self.embedding_norm(x)
@@ -235,15 +252,16 @@ class PartiallySharedRoberta(BaseFairseqModel):
     def forward(self, src_tokens, lang_ids=None, masked_tokens=None, features_only=False, return_all_hiddens=False,
                 **unused):
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
-        states = self.encode_layers(src_tokens, lang_ids)
-        extra = {"inner_states": states if return_all_hiddens else [states[-1]]}
-        features = states[-1]
-        if features_only:
-            return features, extra
-        lang_of_token = lang_ids.unsqueeze(1).expand_as(src_tokens)
-        if masked_tokens is not None:
-            features, lang_of_token = features[masked_tokens], lang_of_token[masked_tokens]
-        logits = self.output_logits(features.reshape(-1, features.size(-1)), lang_of_token.reshape(-1))
+        with bf16_autocast(src_tokens.device, getattr(self.cfg, "amp_bf16", False)):
+            states = self.encode_layers(src_tokens, lang_ids)
+            extra = {"inner_states": states if return_all_hiddens else [states[-1]]}
+            features = states[-1]
+            if features_only:
+                return features, extra
+            lang_of_token = lang_ids.unsqueeze(1).expand_as(src_tokens)
+            if masked_tokens is not None:
+                features, lang_of_token = features[masked_tokens], lang_of_token[masked_tokens]
+            logits = self.output_logits(features.reshape(-1, features.size(-1)), lang_of_token.reshape(-1))
         return logits.view(*features.shape[:-1], -1), extra
 
 

@@ -27,6 +27,8 @@ from fairseq_xmlm.vocabulary import add_mask_symbol, load_data_dictionary, load_
 
 logger = logging.getLogger(__name__)
 
+SPLITS = ("train", "valid", "test")
+
 
 @dataclass
 class BilingualMLMConfig(FairseqDataclass):
@@ -109,7 +111,17 @@ class BilingualMLMTask(FairseqTask):
             missing = [lang for lang in langs if lang not in have]
             if missing:
                 raise XmlmError(f"language(s) {', '.join(missing)} not in {cfg.data} (it has {', '.join(have)})")
-        dictionary = add_mask_symbol(load_data_dictionary(cfg.data))
+        dictionary = load_data_dictionary(cfg.data)
+        # A dict.txt swapped in from other data: a smaller one shows as ids beyond it when loading, a larger one
+        # only through the size xmlm-prepare recorded.
+        report_path = os.path.join(cfg.data, "report.json")
+        if os.path.isfile(report_path):
+            with open(report_path, encoding="utf-8") as f:
+                binarized_with = json.load(f).get("dictionary_size", len(dictionary))
+            if binarized_with != len(dictionary):
+                raise XmlmError(f"{cfg.data}/dict.txt has {len(dictionary)} symbols but the data was binarized with "
+                                f"{binarized_with} (report.json): the dictionary belongs to other data")
+        dictionary = add_mask_symbol(dictionary)
         for lang in langs:
             if not os.path.isfile(os.path.join(cfg.data, f"train.{lang}.idx")):
                 raise XmlmError(f"language {lang} is missing from {cfg.data} (no train.{lang}.idx)")
@@ -125,14 +137,26 @@ class BilingualMLMTask(FairseqTask):
         return load_split_sentences(self.cfg.data, split, self.langs[lang], self.dictionary)
 
     def language_vocab_masks(self):
-        """(num_langs, V): the symbols seen in each language's training data (plus the specials)."""
+        """(num_langs, V): the symbols of each language (seen in any of its splits) plus the specials.
+
+        A Sep-Emb model predicts only these; dev and test symbols are included so that a held-out sentence never
+        has an impossible target (its symbols come from that language's own segmentation anyway).
+        """
         if self._vocab_masks is None:
             masks = torch.zeros(len(self.langs), len(self.dictionary), dtype=torch.bool)
-            for lang, sentences in enumerate(self.train_sentences()):
-                masks[lang, torch.cat(sentences).unique()] = True
+            for lang in range(len(self.langs)):
+                masks[lang, self.symbols_of(lang, SPLITS)] = True
             masks[:, sorted(self.special_ids)] = True
             self._vocab_masks = masks
         return self._vocab_masks
+
+    def symbols_of(self, lang, splits):
+        """Sorted ids of the symbols occurring in `splits` of language `lang`."""
+        seen = [torch.cat(self.train_sentences()[lang])] if "train" in splits else []
+        for split in splits:
+            if split != "train" and os.path.isfile(os.path.join(self.cfg.data, f"{split}.{self.langs[lang]}.idx")):
+                seen += load_split_sentences(self.cfg.data, split, self.langs[lang], self.dictionary)
+        return torch.cat(seen).unique()
 
     def sentence_input(self, ids, lang):
         ids = torch.as_tensor(ids, dtype=torch.long)[: self.cfg.tokens_per_sample - 2]
@@ -144,9 +168,9 @@ class BilingualMLMTask(FairseqTask):
             probs = (probs[0], probs[1] + probs[2], 0.0, probs[3])
         specials = torch.tensor(sorted(self.special_ids))
         if self.cfg.random_replace == "within":
-            masks = self.language_vocab_masks().clone()
-            masks[:, specials] = False
-            candidates, counts = candidate_table([m.nonzero().squeeze(1) for m in masks])
+            # Only symbols of the language's own training text.
+            own = [self.symbols_of(lang, ["train"]) for lang in range(len(self.langs))]
+            candidates, counts = candidate_table([ids[~torch.isin(ids, specials)] for ids in own])
         else:
             candidates, counts = candidate_table([real_symbol_ids(self.dictionary, exclude=self.special_ids)])
         return Masker(self.cfg.mask_prob, probs, specials, candidates, counts)
@@ -177,7 +201,7 @@ class BilingualMLMTask(FairseqTask):
         dataset.language_probabilities = probabilities
         self.datasets[split] = dataset
         logger.info(f"bilingual_mlm {split}: {len(items)} streams of <= {self.cfg.tokens_per_sample} tokens; "
-                    f"p(lang) = {dict(zip(self.langs, np.round(probabilities, 3)))}")
+                    f"p(lang) = {dict(zip(self.langs, [round(float(p), 3) for p in probabilities]))}")
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,

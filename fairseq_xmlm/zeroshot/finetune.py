@@ -1,5 +1,10 @@
 """Fine-tune a pretrained `partially_shared_roberta` on English and evaluate zero-shot in another language.
 
+One training loop (`train_head`) serves every task head: sentence(-pair) classification (XNLI, genre), word
+tagging (NER) and biaffine dependency parsing. A head is an nn.Module holding the encoder as `.encoder`, with
+`loss(rows, lang_id)` and `predict_batch(rows, lang_id)`; rows are its examples, whose first field is the model
+input (so batches can be sorted by length).
+
 Conneau et al. 2020's protocol: the task head reads the last layer; English fine-tuning updates the shared
 parameters and the head only (language-specific embeddings and layers are frozen); at test time the target
 language's lang_id routes its input through its own embeddings / layers, followed by the fine-tuned shared layers
@@ -11,12 +16,14 @@ import dataclasses
 import math
 import random
 import sys
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.zeroshot.parsing import BiaffineParser
 
 SCHEDULES = ("constant", "warmup_linear")
 
@@ -80,8 +87,14 @@ def pad_batch(sequences, pad):
     return batch
 
 
+def _lang_ids(rows, lang_id):
+    return torch.full((len(rows),), lang_id, dtype=torch.long)
+
+
 class SentenceClassifier(nn.Module):
-    """Representation of the first token (`<s>`) of the last layer -> dropout -> linear (-> softmax in the loss)."""
+    """Representation of the first token (`<s>`) of the last layer -> dropout -> linear (-> softmax in the loss).
+
+    Rows: (input ids, class index); a pair is one input `<s> A </s> B </s>`."""
 
     def __init__(self, encoder, num_classes, dropout=0.1):
         super().__init__()
@@ -92,6 +105,80 @@ class SentenceClassifier(nn.Module):
     def forward(self, src_tokens, lang_ids):
         first_token = self.encoder.encode_layers(src_tokens, lang_ids)[-1][:, 0]
         return self.head(self.dropout(first_token))
+
+    def _logits(self, rows, lang_id):
+        return self(pad_batch([row[0] for row in rows], self.encoder.padding_idx), _lang_ids(rows, lang_id))
+
+    def loss(self, rows, lang_id):
+        return F.cross_entropy(self._logits(rows, lang_id), torch.tensor([row[1] for row in rows]))
+
+    def predict_batch(self, rows, lang_id):
+        return self._logits(rows, lang_id).argmax(-1).tolist()
+
+
+class WordExample(NamedTuple):
+    """One sentence for a word-level head. tokens: `<s> pieces </s>`; positions: the first-subword position of
+    each word that fits the model (a long sentence is cut); labels: tag / relation index per kept word (None
+    when only predicted); heads: CoNLL-U HEAD per kept word (parsing only)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    labels: torch.Tensor | None = None
+    heads: torch.Tensor | None = None
+
+
+def _word_states(head, rows, lang_id, with_root):
+    """(B, N, D) last-layer states at each row's word positions (position 0, `<s>`, first when with_root) and the
+    (B, N) mask of real words."""
+    tokens = pad_batch([row.tokens for row in rows], head.encoder.padding_idx)
+    states = head.encoder.encode_layers(tokens, _lang_ids(rows, lang_id))[-1]
+    positions = [torch.cat([row.positions.new_zeros(1), row.positions]) if with_root else row.positions
+                 for row in rows]
+    index = pad_batch(positions, -1)
+    mask = index.ne(-1)
+    words = states.gather(1, index.clamp(min=0).unsqueeze(-1).expand(-1, -1, states.size(-1)))
+    return head.dropout(words), mask
+
+
+class WordTagger(nn.Module):
+    """NER: representation of the first subword of each word -> dropout -> linear (-> softmax in the loss)."""
+
+    def __init__(self, encoder, num_tags, dropout=0.1):
+        super().__init__()
+        self.encoder = encoder
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(encoder.cfg.encoder_embed_dim, num_tags)
+
+    def loss(self, rows, lang_id):
+        words, mask = _word_states(self, rows, lang_id, with_root=False)
+        return F.cross_entropy(self.head(words)[mask], torch.cat([row.labels for row in rows]))
+
+    def predict_batch(self, rows, lang_id):
+        words, mask = _word_states(self, rows, lang_id, with_root=False)
+        tags = self.head(words).argmax(-1)
+        return [tags[i, : int(mask[i].sum())].tolist() for i in range(len(rows))]
+
+
+class DependencyParser(nn.Module):
+    """Biaffine parser over first-subword representations; the `<s>` state stands for the root."""
+
+    def __init__(self, encoder, num_relations, dropout=0.1):
+        super().__init__()
+        self.encoder = encoder
+        self.dropout = nn.Dropout(dropout)
+        self.head = BiaffineParser(encoder.cfg.encoder_embed_dim, num_relations)
+
+    def loss(self, rows, lang_id):
+        words, mask = _word_states(self, rows, lang_id, with_root=True)
+        # the root's own head / label are ignored by the loss; 0 fills them and the padding
+        heads = pad_batch([torch.cat([row.heads.new_zeros(1), row.heads]) for row in rows], 0)
+        labels = pad_batch([torch.cat([row.labels.new_zeros(1), row.labels]) for row in rows], 0)
+        return self.head.loss(words, mask, heads, labels)
+
+    def predict_batch(self, rows, lang_id):
+        words, mask = _word_states(self, rows, lang_id, with_root=True)
+        heads, labels = self.head.predict(words, mask)
+        return list(zip(heads, labels))
 
 
 def _optimizer_and_schedule(model, config, total_steps):
@@ -114,18 +201,20 @@ def _optimizer_and_schedule(model, config, total_steps):
 
 
 @torch.no_grad()
-def predict_classes(classifier, inputs, lang_id, pad, batch_size=64):
-    """Class index for each input sequence, all of language `lang_id`."""
-    classifier.eval()
-    # length-sorted batches waste less padding; results are put back in input order
-    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+def predict(model, rows, lang_id, batch_size=64):
+    """model.predict_batch over length-sorted batches (less padding); results in input order."""
+    model.eval()
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     by_position = {}
     for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        tokens = pad_batch([inputs[i] for i in rows], pad)
-        logits = classifier(tokens, torch.full((len(rows),), lang_id, dtype=torch.long))
-        by_position.update(zip(rows, logits.argmax(-1).tolist()))
-    return [by_position[i] for i in range(len(inputs))]
+        chosen = order[start : start + batch_size]
+        by_position.update(zip(chosen, model.predict_batch([rows[i] for i in chosen], lang_id)))
+    return [by_position[i] for i in range(len(rows))]
+
+
+def predict_classes(classifier, inputs, lang_id, batch_size=64):
+    """Class index for each input sequence, all of language `lang_id`."""
+    return predict(classifier, [(x, None) for x in inputs], lang_id, batch_size)
 
 
 def accuracy(predictions, labels):
@@ -134,39 +223,43 @@ def accuracy(predictions, labels):
     return 100.0 * sum(p == y for p, y in zip(predictions, labels)) / len(labels)
 
 
-def train_sentence_classifier(classifier, train, dev, lang_id, pad, config):
-    """Fine-tune on train = [(input ids, label)] of language lang_id; keep the epoch with the best dev accuracy.
+def train_head(model, train, dev, lang_id, config, dev_score, metric="dev_score"):
+    """Fine-tune `model` on train rows of language lang_id; keep the epoch with the best dev_score(model, dev).
 
-    Returns the per-epoch history [{"epoch", "loss", "dev_accuracy"}]; the classifier ends in the best state.
+    Returns the per-epoch history [{"epoch", "loss", metric}]; the model ends in the best state.
     """
     if not train or not dev:
         raise XmlmError("fine-tuning needs non-empty training and dev sets")
     torch.manual_seed(config.seed)
     shuffler = random.Random(config.seed)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
-    optimizer, scheduler = _optimizer_and_schedule(classifier, config, steps_per_epoch * config.epochs)
-    dev_inputs, dev_labels = [x for x, _ in dev], [y for _, y in dev]
+    optimizer, scheduler = _optimizer_and_schedule(model, config, steps_per_epoch * config.epochs)
     history, best = [], None
     for epoch in range(1, config.epochs + 1):
-        classifier.train()
+        model.train()
         order = list(range(len(train)))
         shuffler.shuffle(order)
         total_loss = 0.0
         for start in range(0, len(order), config.batch_size):
             rows = [train[i] for i in order[start : start + config.batch_size]]
-            tokens = pad_batch([x for x, _ in rows], pad)
-            labels = torch.tensor([y for _, y in rows])
-            loss = F.cross_entropy(classifier(tokens, torch.full((len(rows),), lang_id, dtype=torch.long)), labels)
+            loss = model.loss(rows, lang_id)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
             total_loss += loss.item() * len(rows)
-        dev_accuracy = accuracy(predict_classes(classifier, dev_inputs, lang_id, pad), dev_labels)
-        history.append({"epoch": epoch, "loss": total_loss / len(train), "dev_accuracy": dev_accuracy})
-        log(f"epoch {epoch}: train loss {total_loss / len(train):.4f}, English dev accuracy {dev_accuracy:.2f}")
-        if best is None or dev_accuracy > best[0]:
-            best = (dev_accuracy, copy.deepcopy(classifier.state_dict()))
-    classifier.load_state_dict(best[1])
+        score = dev_score(model, dev)
+        history.append({"epoch": epoch, "loss": total_loss / len(train), metric: score})
+        log(f"epoch {epoch}: train loss {total_loss / len(train):.4f}, English {metric} {score:.2f}")
+        if best is None or score > best[0]:
+            best = (score, copy.deepcopy(model.state_dict()))
+    model.load_state_dict(best[1])
     return history
+
+
+def train_sentence_classifier(classifier, train, dev, lang_id, config):
+    """train_head for (input, class) rows, selected on dev accuracy (history key "dev_accuracy")."""
+    labels = [y for _, y in dev]
+    return train_head(classifier, train, dev, lang_id, config,
+                      lambda model, rows: accuracy(predict(model, rows, lang_id), labels), "dev_accuracy")

@@ -164,10 +164,9 @@ def evaluate_checkpoint(path, langs, config, source="en", max_train=None, data=N
     majority = majority_class([label for _, label in train])
     classifier = SentenceClassifier(encoder, len(GENRES), config.dropout)
     freeze_language_specific(encoder)
-    pad = task.dictionary.pad()
     source_id = language_index(task, source)
     print(f"{path}: fine-tuning on {len(train)} {source} verses", file=sys.stderr, flush=True)
-    history = train_sentence_classifier(classifier, train, source_sets["dev"], source_id, pad, config)
+    history = train_sentence_classifier(classifier, train, source_sets["dev"], source_id, config)
     result = {"dev": {source: max(h["dev_accuracy"] for h in history)}, "test": {}, "majority": {},
               "majority_genre": GENRES[majority], "train_verses": len(train), "history": history}
     for lang in [source] + [lang for lang in langs if lang != source]:
@@ -178,7 +177,7 @@ def evaluate_checkpoint(path, langs, config, source="en", max_train=None, data=N
         if not test:
             raise XmlmError(f"{path}: no {lang} verses of the test books in {task.cfg.data}")
         labels = [label for _, label in test]
-        predictions = predict_classes(classifier, [x for x, _ in test], language_index(task, lang), pad)
+        predictions = predict_classes(classifier, [x for x, _ in test], language_index(task, lang))
         result["test"][lang] = accuracy(predictions, labels)
         result["majority"][lang] = accuracy([majority] * len(labels), labels)
         print(f"{path}: {lang} test accuracy {result['test'][lang]:.2f} (majority {result['majority'][lang]:.2f})",

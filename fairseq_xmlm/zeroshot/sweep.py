@@ -2,14 +2,17 @@
 average of the best two settings.
 
     python -m fairseq_xmlm.zeroshot.sweep --checkpoint A.pt --langs fr --grid xnli --out results/sweep.md
+    python -m fairseq_xmlm.zeroshot.sweep --task ner --checkpoint A.pt --train-file en/train --dev-file en/dev \
+        --test-file fr=fr/test --out results/ner_sweep.md
 
-Runs the Bible genre benchmark once per grid setting (`--grid xnli`: batch {4, 8} x encoder lr {1.25e-6, 2.5e-6,
+Runs a benchmark (`--task genre`, the default: the Bible genre benchmark; `xnli`, `ner`, `parse`: the task
+files, see fairseq_xmlm.zeroshot.run) once per grid setting (`--grid xnli`: batch {4, 8} x encoder lr {1.25e-6, 2.5e-6,
 5e-6} x head lr {5e-6, 2.5e-5, 1.25e-4}, constant lr; `--grid ner`: batch {16, 32} x lr {2e-5, 3e-5, 5e-5} for
-encoder and head, 10 % warm-up then linear decay) and writes every run plus the selected average.
+encoder and head, 10 % warm-up then linear decay; the default grid of xnli is xnli, of ner / parse ner) and
+writes every run plus the selected average. The task files are read and encoded once for the whole grid.
 """
 import argparse
 import itertools
-import json
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
@@ -31,9 +34,10 @@ def average_of_best_two(runs, dev_key, test_keys):
     return selected, {key: sum(run[key] for run in selected) / 2 for key in test_keys}
 
 
-def run_sweep(checkpoint, langs, grid, epochs, max_train=None, seed=1, source="en"):
+def run_sweep(evaluate, grid, epochs, seed=1):
+    """evaluate(FinetuneConfig) -> {"dev": score, "test": {lang: score}} once per grid setting
+    -> (runs, the best two on dev, their average test scores)."""
     from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
-    from fairseq_xmlm.zeroshot.genre import evaluate_checkpoint
 
     if grid not in GRIDS:
         raise XmlmError(f"unknown grid {grid!r} (expected one of {', '.join(GRIDS)})")
@@ -41,15 +45,36 @@ def run_sweep(checkpoint, langs, grid, epochs, max_train=None, seed=1, source="e
     for batch_size, encoder_lr, head_lr, schedule in GRIDS[grid]:
         config = FinetuneConfig(batch_size=batch_size, encoder_lr=encoder_lr, head_lr=head_lr, epochs=epochs,
                                 schedule=schedule, seed=seed)
-        result = evaluate_checkpoint(checkpoint, langs, config, source, max_train)
+        result = evaluate(config)
         runs.append({"batch_size": batch_size, "encoder_lr": encoder_lr, "head_lr": head_lr, "schedule": schedule,
-                     "dev": result["dev"][source], **{f"test_{lang}": acc for lang, acc in result["test"].items()}})
+                     "dev": result["dev"], **{f"test_{lang}": score for lang, score in result["test"].items()}})
     test_keys = [key for key in runs[0] if key.startswith("test_")]
     selected, averages = average_of_best_two(runs, "dev", test_keys)
     return runs, selected, averages
 
 
-def sweep_table(checkpoint, runs, selected, averages, source="en"):
+def genre_evaluator(checkpoint, langs, max_train=None, source="en"):
+    from fairseq_xmlm.zeroshot.genre import evaluate_checkpoint
+
+    def evaluate(config):
+        result = evaluate_checkpoint(checkpoint, langs, config, source, max_train)
+        return {"dev": result["dev"][source], "test": result["test"]}
+
+    return evaluate
+
+
+def task_evaluator(benchmark):
+    """Primary metric (XNLI accuracy, NER F1, LAS) of a fairseq_xmlm.zeroshot.run.Benchmark."""
+
+    def evaluate(config):
+        result = benchmark.run(config)
+        return {"dev": result["dev"][benchmark.source],
+                "test": {lang: scores[result["metric"]] for lang, scores in result["test"].items()}}
+
+    return evaluate
+
+
+def sweep_table(title, runs, selected, averages, source="en"):
     test_keys = list(averages)
     header = "| batch | encoder lr | head lr | schedule | " + f"{source} dev | " + " | ".join(
         key.removeprefix("test_") + " test" for key in test_keys) + " | selected |"
@@ -59,28 +84,47 @@ def sweep_table(checkpoint, runs, selected, averages, source="en"):
         rows.append(f"| {run['batch_size']} | {run['encoder_lr']:g} | {run['head_lr']:g} | {run['schedule']} | "
                     f"{run['dev']:.1f} | " + " | ".join(f"{run[key]:.1f}" for key in test_keys) + f" | {mark} |")
     summary = ", ".join(f"{key.removeprefix('test_')} {value:.1f}" for key, value in averages.items())
-    return "\n".join([f"# Genre sweep: {checkpoint}", "", *rows, "",
+    return "\n".join([f"# {title}", "", *rows, "",
                       f"Average of the best two settings selected on {source} dev: {summary}"]) + "\n"
 
 
 @cli_errors
 def main(argv=None):
+    from fairseq_xmlm.zeroshot import run
     from fairseq_xmlm.zeroshot.genre import _write_atomic
 
-    parser = argparse.ArgumentParser(description="Genre benchmark sweep; average of the best two on English dev.")
+    parser = argparse.ArgumentParser(description="Fine-tuning grid; average of the best two settings on English dev.")
+    parser.add_argument("--task", choices=("genre", *run.TASKS), default="genre")
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--langs", required=True, help="comma-separated target languages")
-    parser.add_argument("--grid", choices=sorted(GRIDS), default="xnli")
+    parser.add_argument("--langs", help="genre: comma-separated target languages")
+    parser.add_argument("--train-file", help="xnli / ner / parse: English training file")
+    parser.add_argument("--dev-file", help="xnli / ner / parse: English dev file")
+    parser.add_argument("--test-file", action="append", default=[], metavar="LANG=FILE")
+    parser.add_argument("--source", default="en")
+    parser.add_argument("--data", default=None, help="pretraining data-bin (default: the checkpoint's own)")
+    parser.add_argument("--grid", choices=sorted(GRIDS), help="default: xnli for genre / xnli, ner for ner / parse")
     parser.add_argument("--epochs", type=int, default=3, help="the paper: 200 for XNLI, 10 for NER/parsing")
     parser.add_argument("--max-train", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", required=True, help="markdown table (and a .json with the same stem)")
     args = parser.parse_args(argv)
-    langs = [lang for lang in args.langs.split(",") if lang]
-    runs, selected, averages = run_sweep(args.checkpoint, langs, args.grid, args.epochs, args.max_train, args.seed)
-    table = sweep_table(args.checkpoint, runs, selected, averages)
-    _write_atomic(Path(args.out).with_suffix(".json"), json.dumps(
-        {"runs": runs, "selected": selected, "average_of_best_two": averages}, indent=2) + "\n")
+    if args.task == "genre":
+        if not args.langs:
+            raise XmlmError("--task genre needs --langs")
+        evaluate = genre_evaluator(args.checkpoint, [lang for lang in args.langs.split(",") if lang],
+                                   args.max_train, args.source)
+        grid, title = args.grid or "xnli", f"Genre sweep: {args.checkpoint}"
+    else:
+        if not args.train_file or not args.dev_file:
+            raise XmlmError(f"--task {args.task} needs --train-file and --dev-file")
+        evaluate = task_evaluator(run.benchmark_from_args(args.task, args))
+        grid = args.grid or ("xnli" if args.task == "xnli" else "ner")
+        title = f"{args.task} sweep ({run.PRIMARY_METRIC[args.task]}): {args.checkpoint}"
+    runs, selected, averages = run_sweep(evaluate, grid, args.epochs, args.seed)
+    table = sweep_table(title, runs, selected, averages, args.source)
+    run.write_json_atomic(Path(args.out).with_suffix(".json"),
+                          {"task": args.task, "grid": grid, "runs": runs, "selected": selected,
+                           "average_of_best_two": averages})
     _write_atomic(args.out, table)
     print(table)
 

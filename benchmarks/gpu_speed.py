@@ -1,0 +1,277 @@
+"""GPU throughput of stock fairseq RoBERTa vs `partially_shared_roberta`, in one device call.
+
+    source .whl/install_on_device.sh && python3 benchmarks/gpu_speed.py --out $OUT [--sections single,strategies]
+
+Every run is a real `python3 -m fairseq_cli.train` on the same card, one after another, with the same data and
+batch; tokens/s is fairseq's own `wps` (averaged over the logged intervals after the first, which holds start-up
+and compilation) and updates/s its `ups`. Sections:
+
+- single:     Conneau config (8 layers, 768, 12 heads, 3072 FFN, 256 tokens, batch 96) and Dufter's BERT-small
+              (12 layers, 64, 1 head, 256 FFN, 128 tokens, batch 256) on synthetic 32k-vocabulary data:
+              stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--amp-bf16 + xmlm_adamw, +--compile).
+              Prints the ratio to stock --fp16 and the model FLOPs utilisation (MFU).
+- strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
+              within-language random words (Conneau config, Bible en-fr).
+- multigpu:   fairseq's own DDP over NCCL on 1, 2, ... GPUs (--gpus), Conneau config, batch 96 per GPU:
+              ours and stock, scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
+- pack:       Dufter's small run packed N at a time on one GPU (fairseq_xmlm.gpu_pack), aggregate updates/s, and
+              BERT-base ("overparam") alone.
+
+Logs go to OUT/logs/<run>.log, the figures to OUT/summary.json (rewritten after every run, so a run cut off by
+the time limit keeps what it measured).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+# Dense bf16/fp16 tensor-core peak (NVIDIA datasheets, SXM parts); MFU is measured against it for every precision.
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}
+
+SYNTH_VOCAB = 32000
+FAKE_VOCAB = 3618  # data-bin/fake_english: 1808 English symbols + <mask>, doubled
+CONNEAU = dict(layers=8, dim=768, heads=12, ffn=3072, tokens=256, batch=96)
+BERT_SMALL = dict(layers=12, dim=64, heads=1, ffn=256, tokens=128, batch=256)
+BERT_BASE = dict(layers=12, dim=768, heads=12, ffn=3072, tokens=128, batch=256)
+
+
+def log(msg):
+    print(f"[gpu-speed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def write_synthetic(root, n_tokens=6_000_000, seed=0):
+    """dict.txt with SYNTH_VOCAB symbols; ~Zipfian token stream as 30-token sentences, written twice: train.bin
+    (stock masked_lm) and train.en.bin (our bilingual_mlm), plus a small valid split of each."""
+    from fairseq.data import Dictionary, indexed_dataset
+
+    os.makedirs(root, exist_ok=True)
+    if os.path.exists(os.path.join(root, "done")):
+        return root
+    rng = np.random.default_rng(seed)
+    d = Dictionary()
+    for i in range(SYNTH_VOCAB - d.nspecial - 1):  # -1: the tasks add <mask>
+        d.add_symbol(f"w{i}", n=SYNTH_VOCAB - i)
+    d.save(os.path.join(root, "dict.txt"))
+    ranks = np.arange(1, len(d) - d.nspecial + 1)
+    p = 1.0 / ranks
+    for split, size in (("train", n_tokens), ("valid", 100_000)):
+        ids = rng.choice(ranks.size, size=size, p=p / p.sum()) + d.nspecial
+        for name in (split, f"{split}.en"):
+            builder = indexed_dataset.make_builder(os.path.join(root, f"{name}.bin"), impl="mmap",
+                                                   vocab_size=len(d))
+            for sentence in np.split(ids, np.arange(30, size, 30)):
+                builder.add_item(torch.from_numpy(np.append(sentence, d.eos()).astype(np.int64)))
+            builder.finalize(os.path.join(root, f"{name}.idx"))
+    open(os.path.join(root, "done"), "w").close()
+    return root
+
+
+def train_flops_per_token(layers, dim, ffn, tokens, vocab, mask_prob=0.15, **_):
+    """Model FLOPs of one training token (forward + backward = 3 x forward): the layers' matrix products,
+    attention scores and values over `tokens` positions, and the LM head on the masked fraction only."""
+    per_layer = 2 * (4 * dim * dim + 2 * dim * ffn) + 2 * 2 * tokens * dim
+    head = mask_prob * 2 * (dim * dim + dim * vocab)
+    return 3 * (layers * per_layer + head)
+
+
+def parse_train_inner(path):
+    """The json dicts of fairseq's `train_inner` log lines."""
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if "train_inner" in line and "{" in line:
+                rows.append(json.loads(line[line.index("{"):]))
+    return rows
+
+
+class Bench:
+    def __init__(self, out):
+        self.out = out
+        self.logs = os.path.join(out, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.results = {"card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+                        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "runs": {}}
+        self.peak = next((v for k, v in PEAK_FLOPS.items() if k in self.results["card"]), None)
+
+    def save(self):
+        tmp = os.path.join(self.out, "summary.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.results, f, indent=1)
+        os.replace(tmp, os.path.join(self.out, "summary.json"))
+
+    def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1):
+        """One fairseq-train run; records mean wps / ups over the intervals after the first."""
+        cmd = [sys.executable, "-m", "fairseq_cli.train", *argv, "--max-update", str(updates), "--log-interval",
+               str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
+        path = os.path.join(self.logs, f"{name}.log")
+        started = time.perf_counter()
+        with open(path, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        rows = parse_train_inner(path)[1:]
+        result = {"cmd": " ".join(cmd[1:]), "rc": rc, "wall_s": round(time.perf_counter() - started, 1)}
+        if rc == 0 and rows:
+            result["wps"] = float(np.mean([float(r["wps"]) for r in rows]))
+            result["ups"] = float(np.mean([float(r["ups"]) for r in rows]))
+            if model and self.peak:
+                flops = train_flops_per_token(vocab=vocab, **model)
+                result["mfu"] = result["wps"] * flops / (self.peak * gpus)
+        self.results["runs"][name] = result
+        self.save()
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items() if k != "cmd"}
+        log(f"{name}: {shown}")
+        return result
+
+    def ratio(self, key, num, den):
+        runs = self.results["runs"]
+        if "wps" in runs.get(num, {}) and "wps" in runs.get(den, {}):
+            self.results.setdefault("ratios", {})[key] = runs[num]["wps"] / runs[den]["wps"]
+            log(f"ratio {key} = {self.results['ratios'][key]:.3f}")
+            self.save()
+
+
+COMMON = ["--criterion", "masked_lm", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "20",
+          "--total-num-update", "100000", "--dropout", "0.1", "--attention-dropout", "0.1", "--weight-decay", "0.01",
+          "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6", "--num-workers", "4"]
+OURS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--amp-bf16"]
+
+
+def stock_args(data, m):
+    return [data, "--task", "masked_lm", "--sample-break-mode", "none", "--arch", "roberta_base",
+            "--encoder-layers", str(m["layers"]), "--encoder-embed-dim", str(m["dim"]),
+            "--encoder-ffn-embed-dim", str(m["ffn"]), "--encoder-attention-heads", str(m["heads"]),
+            "--tokens-per-sample", str(m["tokens"]), "--max-positions", str(m["tokens"]),
+            "--batch-size", str(m["batch"]), "--optimizer", "adam", "--lr", "1e-4", *COMMON]
+
+
+def ours_args(data, m, langs="en"):
+    return [data, "--task", "bilingual_mlm", "--langs", langs, "--arch", "partially_shared_roberta",
+            "--encoder-layers", str(m["layers"]), "--encoder-embed-dim", str(m["dim"]),
+            "--encoder-ffn-embed-dim", str(m["ffn"]), "--encoder-attention-heads", str(m["heads"]),
+            "--tokens-per-sample", str(m["tokens"]), "--batch-size", str(m["batch"]), "--lr", "1e-4", *COMMON]
+
+
+def dufter_args(data, model="xmlm_bert_small", extra=()):
+    """Dufter & Schuetze's training setup: batch 256 sentences, AdamW lr 2e-3, wd .01, eps 1e-6, 50 warmup."""
+    lr = "1e-4" if model == "xmlm_bert_base" else "2e-3"
+    return [data, "--user-dir", "fairseq_xmlm", "--task", "fake_english", "--arch", model, "--criterion",
+            "masked_lm", "--batch-size", "256", "--tokens-per-sample", "128", "--optimizer", "xmlm_adamw",
+            "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr", lr, "--lr-scheduler", "polynomial_decay",
+            "--warmup-updates", "50", "--total-num-update", "6900", "--amp-bf16", "--num-workers", "2", *extra]
+
+
+def section_single(b, synth):
+    u = int(os.environ.get("BENCH_UPDATES", "250"))
+    b.train("conneau_stock_fp16", stock_args(synth, CONNEAU) + ["--fp16"], u, 50, CONNEAU)
+    b.train("conneau_ours_fp16_stockadam", ours_args(synth, CONNEAU) + ["--user-dir", "fairseq_xmlm", "--optimizer",
+            "adam", "--fp16"], u, 50, CONNEAU)
+    b.train("conneau_ours_bf16", ours_args(synth, CONNEAU) + OURS, u, 50, CONNEAU)
+    b.train("conneau_ours_bf16_compile", ours_args(synth, CONNEAU) + OURS + ["--compile"], u + 100, 50, CONNEAU)
+    for name in ("conneau_ours_fp16_stockadam", "conneau_ours_bf16", "conneau_ours_bf16_compile"):
+        b.ratio(f"{name} / conneau_stock_fp16", name, "conneau_stock_fp16")
+    b.train("bertsmall_stock_fp32", stock_args(synth, BERT_SMALL), u, 50, BERT_SMALL)
+    b.train("bertsmall_stock_fp16", stock_args(synth, BERT_SMALL) + ["--fp16"], u, 50, BERT_SMALL)
+    b.train("bertsmall_ours_bf16", ours_args(synth, BERT_SMALL) + OURS, u, 50, BERT_SMALL)
+    b.train("bertsmall_ours_bf16_compile", ours_args(synth, BERT_SMALL) + OURS + ["--compile"], u + 100, 50,
+            BERT_SMALL)
+    for name in ("bertsmall_ours_bf16", "bertsmall_ours_bf16_compile"):
+        b.ratio(f"{name} / bertsmall_stock_fp16", name, "bertsmall_stock_fp16")
+        b.ratio(f"{name} / bertsmall_stock_fp32", name, "bertsmall_stock_fp32")
+
+
+def write_random_knn_table(data, path, k=10):
+    """A neighbour table of the right vocabulary with random cross-language neighbours: costs what a real one
+    costs (the masking path does not look at which neighbours they are)."""
+    from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask
+    from fairseq_xmlm.vocabulary import dictionary_fingerprint
+
+    task = FakeEnglishTask.setup_task(FakeEnglishConfig(data=data))
+    v = task.english_size
+    own = torch.randint(v, (v, k))
+    neighbours = torch.cat([own + v, own])  # English rows point at Fake ids, Fake rows at English ids
+    torch.save({"dict_size": len(task.dictionary), "dict_md5": dictionary_fingerprint(task.dictionary),
+                "neighbours": neighbours}, path)
+
+
+def section_strategies(b, fake_data, bible_data):
+    u = int(os.environ.get("BENCH_UPDATES", "250"))
+    knn = os.path.join("/tmp", "xmlm-bench-knn.pt")
+    write_random_knn_table(fake_data, knn)
+    b.train("dufter_plain", dufter_args(fake_data), u + 150, 50, BERT_SMALL | {"tokens": 30}, vocab=FAKE_VOCAB)
+    b.train("dufter_knn", dufter_args(fake_data, extra=["--knn-replace", "10", "--knn-table", knn]), u + 150, 50,
+            BERT_SMALL | {"tokens": 30}, vocab=FAKE_VOCAB)
+    b.ratio("dufter_knn / dufter_plain", "dufter_knn", "dufter_plain")
+    bible = ours_args(bible_data, CONNEAU, langs="en,fr") + OURS
+    b.train("bible_conneau_cross", bible, u, 50, CONNEAU)
+    b.train("bible_conneau_within", bible + ["--random-replace", "within"], u, 50, CONNEAU)
+    b.ratio("bible_conneau_within / bible_conneau_cross", "bible_conneau_within", "bible_conneau_cross")
+
+
+def section_multigpu(b, synth, gpus):
+    u = int(os.environ.get("BENCH_UPDATES", "250"))
+    for kind, argv in (("ours", ours_args(synth, CONNEAU) + OURS), ("stock", stock_args(synth, CONNEAU) + ["--fp16"])):
+        for n in gpus:
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
+            dist = ["--distributed-world-size", str(n), "--ddp-backend", "pytorch_ddp"] if n > 1 else []
+            b.train(f"multi_{kind}_{n}gpu", argv + dist, u, 50, CONNEAU, env=env, gpus=n)
+        for n in gpus[1:]:
+            b.ratio(f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)", f"multi_{kind}_{n}gpu", f"multi_{kind}_1gpu")
+            b.results["ratios"][f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)"] /= n
+            b.save()
+    for n in gpus:
+        b.ratio(f"ours / stock {n}gpu", f"multi_ours_{n}gpu", f"multi_stock_{n}gpu")
+
+
+def section_pack(b, fake_data, slots, runs, updates):
+    from fairseq_xmlm.gpu_pack import run_packed
+
+    b.train("pack_alone_small", dufter_args(fake_data), updates, 50, BERT_SMALL | {"tokens": 30}, vocab=FAKE_VOCAB)
+    b.train("pack_alone_bertbase", dufter_args(fake_data, "xmlm_bert_base"), 300, 50, BERT_BASE | {"tokens": 30},
+            vocab=FAKE_VOCAB)
+    cmd = [sys.executable, "-m", "fairseq_cli.train", *dufter_args(fake_data), "--max-update", str(updates),
+           "--no-save", "--disable-validation", "--log-format", "json", "--log-interval", "100"]
+    commands = [cmd + ["--seed", str(i + 1)] for i in range(runs)]
+    started = time.perf_counter()
+    walls = run_packed(commands, slots, os.path.join(b.logs, "pack"))
+    wall = time.perf_counter() - started
+    b.results["pack"] = {"runs": runs, "slots": slots, "updates_per_run": updates, "wall_s": round(wall, 1),
+                         "aggregate_ups": runs * updates / wall, "run_wall_s": [round(w, 1) for w in walls],
+                         "cmd": " ".join(commands[0][1:])}
+    log(f"pack: {runs} runs x {updates} updates, {slots} slots: {wall:.0f}s, {runs * updates / wall:.1f} updates/s")
+    b.save()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--sections", default="single,strategies")
+    parser.add_argument("--gpus", default="1,2,4", help="GPU counts for the multigpu section")
+    parser.add_argument("--fake-data", default="data-bin/fake_english")
+    parser.add_argument("--bible-data", default="data-bin/bible_en_fr")
+    parser.add_argument("--pack-slots", type=int, default=12)
+    parser.add_argument("--pack-runs", type=int, default=12)
+    parser.add_argument("--pack-updates", type=int, default=700)
+    args = parser.parse_args()
+    b = Bench(args.out)
+    log(f"card {b.results['card']} x {b.results['gpus']}, torch {torch.__version__}")
+    synth = write_synthetic("/tmp/xmlm-bench-synth")
+    sections = args.sections.split(",")
+    if "single" in sections:
+        section_single(b, synth)
+    if "strategies" in sections:
+        section_strategies(b, args.fake_data, args.bible_data)
+    if "multigpu" in sections:
+        section_multigpu(b, synth, [int(g) for g in args.gpus.split(",")])
+    if "pack" in sections:
+        section_pack(b, args.fake_data, args.pack_slots, args.pack_runs, args.pack_updates)
+    print(json.dumps(b.results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
+
+    python examples/dufter/run.py [full|quick] [--seeds N] [--ids 0,1,...] [--dry-run]
+
+For every run ID (tables.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
+into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
+Then results/dufter/table1.md, table2.md and the figures (PNG) are written from whatever results exist.
+"""
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.evaluation.tables import RUNS, TABLE1_IDS, TABLE2_IDS, write_tables
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SEEDS = (0, 42, 43, 100, 101)  # the paper's seeds (Table 9)
+PRESETS = {
+    # paper: 100 epochs, 5 seeds, the whole 10k-sentence dev set
+    "full": {"epochs": 100, "seeds": 5, "eval_sentences": None, "eval_train_sentences": None, "validate_every": 500},
+    # a CPU afternoon: the same runs, short and once, perplexity and mu on subsets
+    "quick": {"epochs": 3, "seeds": 1, "eval_sentences": 1000, "eval_train_sentences": 2000, "validate_every": 50},
+}
+CURVE_IDS = ("0", "15", "30")  # Fig. 6/7: trained with the multilinguality validation hook
+KNN_NEIGHBOURS = 1  # Appendix A.3: "in the fake-English setup only with the nearest neighbor"
+BATCH_SIZE = 256
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(command, dry_run, log_path=None):
+    log("+ " + " ".join(map(str, command)))
+    if dry_run:
+        return
+    if log_path is None:
+        subprocess.run(list(map(str, command)), check=True)
+        return
+    tmp = log_path.with_name(log_path.name + ".partial")
+    with open(tmp, "w") as out:
+        subprocess.run(list(map(str, command)), check=True, stdout=out, stderr=subprocess.STDOUT)
+    tmp.replace(log_path)
+
+
+def ensure_data(data, dry_run):
+    if (data / "dict.txt").exists():
+        return
+    bible = REPO / "data" / "bible_dufter"
+    run([BIN / "xmlm-fetch-bible", "--versions", "en:3,en_kjv:k", "--out", bible], dry_run)
+    run([BIN / "xmlm-prepare", "fake-english", "--bible-dir", bible, "--out", data], dry_run)
+
+
+def updates_per_epoch(data, no_parallel):
+    """Both languages of every training sentence (no-parallel: each sentence in one language), in batches."""
+    index = data / "train.en.idx"
+    if not index.exists():  # dry run before the data exists
+        return 1
+    from fairseq.data import data_utils
+    from fairseq_xmlm.vocabulary import load_data_dictionary
+
+    sentences = len(data_utils.load_indexed_dataset(str(data / "train.en"), load_data_dictionary(data), "mmap"))
+    return math.ceil((1 if no_parallel else 2) * sentences / BATCH_SIZE)
+
+
+def train_command(run_id, seed, data, save_dir, preset, knn_table):
+    spec = RUNS[run_id]
+    epochs = preset["epochs"] * spec.epoch_factor
+    total = epochs * updates_per_epoch(data, "--no-parallel" in spec.flags)
+    command = [
+        BIN / "fairseq-train", data, "--user-dir", REPO / "fairseq_xmlm", "--task", "fake_english",
+        "--criterion", "masked_lm", "--optimizer", "adam", "--adam-eps", "1e-6", "--weight-decay", "0.01",
+        "--batch-size", BATCH_SIZE, "--save-dir", save_dir, "--seed", seed, "--no-epoch-checkpoints",
+        "--log-format", "json", "--log-interval", "10",
+    ]
+    flags = dict(zip(("--arch", "--lr"), ("xmlm_bert_small", "2e-3")))
+    extra = list(spec.flags)
+    for name in ("--arch", "--lr"):  # overparam replaces the defaults
+        if name in extra:
+            at = extra.index(name)
+            flags[name] = extra[at + 1]
+            del extra[at:at + 2]
+    if spec.untrained:  # an update-0 model: one step with learning rate 0 writes the initial weights
+        command += ["--arch", flags["--arch"], "--lr", "0", "--lr-scheduler", "fixed", "--max-update", "1"]
+    else:
+        command += ["--arch", flags["--arch"], "--lr", flags["--lr"], "--lr-scheduler", "polynomial_decay",
+                    "--warmup-updates", "50", "--total-num-update", total, "--max-epoch", epochs]
+    if spec.needs_knn:
+        command += ["--knn-replace", KNN_NEIGHBOURS, "--knn-table", knn_table]
+    if run_id in CURVE_IDS and not spec.untrained:
+        command += ["--eval-multilinguality", "--validate-interval-updates", preset["validate_every"]]
+    if os.environ.get("XMLM_CPU", "") == "1" or not _has_cuda():
+        command += ["--cpu", "--num-workers", "0"]
+    return command + extra
+
+
+def _has_cuda():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run):
+    run_dir = runs_dir / run_id / f"seed{seed}"
+    result = run_dir / "eval.json"
+    if result.exists():
+        log(f"run {run_id} seed {seed}: done already ({result})")
+        return
+    save_dir = run_dir / "checkpoints"
+    checkpoint = save_dir / "checkpoint_last.pt"
+    if not dry_run:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    if not checkpoint.exists() or not (run_dir / "train.log").exists():
+        if not dry_run:
+            shutil.rmtree(save_dir, ignore_errors=True)  # a half-finished training restarts from scratch
+        run(train_command(run_id, seed, data, save_dir, preset, knn_table), dry_run, run_dir / "train.log")
+    evaluate = [BIN / "xmlm-eval-mult", checkpoint, "--data", data, "--json", result]
+    if preset["eval_sentences"]:
+        evaluate += ["--max-sentences", preset["eval_sentences"]]
+    if preset["eval_train_sentences"]:
+        evaluate += ["--max-train-sentences", preset["eval_train_sentences"]]
+    run(evaluate, dry_run)
+
+
+def write_figures(runs_dir, out_dir, data):
+    """Fig. 4 (ID 0), Fig. 5/8 (IDs 1 and 9), Fig. 6/7 (IDs 0, 15, 30) from whichever runs exist."""
+    from fairseq_xmlm.checkpoints import load_checkpoint
+    from fairseq_xmlm.evaluation import figures
+    from fairseq_xmlm.evaluation.multilinguality import word_vectors
+
+    def first_checkpoint(run_id):
+        found = sorted((runs_dir / run_id).glob("seed*/checkpoints/checkpoint_last.pt"))
+        return found[0] if found else None
+
+    if checkpoint := first_checkpoint("0"):
+        model, task, _ = load_checkpoint(checkpoint, data=str(data))
+        words, vectors = word_vectors(model, task, layers=(0,))
+        english, fake = vectors[0]
+        figures.plot_token_pca(english, fake, [task.dictionary[w] for w in words], out_dir / "fig4_token_pca.png")
+    panels = {}
+    for run_id in ("1", "9"):
+        if checkpoint := first_checkpoint(run_id):
+            model, _, _ = load_checkpoint(checkpoint, data=str(data))
+            panels[f"{run_id}: {RUNS[run_id].description}"] = figures.position_similarity(
+                [table.weight for table in model.position_embeddings])
+    if panels:
+        figures.plot_position_similarity(panels, out_dir / "fig5_position_similarity.png")
+    curves = {f"{run_id}: {RUNS[run_id].description}": sorted((runs_dir / run_id).glob("seed*/train.log"))
+              for run_id in CURVE_IDS}
+    curves = {label: logs for label, logs in curves.items() if logs}
+    if curves:
+        figures.plot_training_curves(curves, out_dir / "fig6_7_training_curves.png")
+
+
+@cli_errors
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="full")
+    parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
+    parser.add_argument("--ids", help="comma-separated run IDs (default: every ID of Tables 1 and 2)")
+    parser.add_argument("--data", default=str(REPO / "data-bin" / "fake_english"))
+    parser.add_argument("--results", default=str(REPO / "results" / "dufter"))
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    args = parser.parse_args(argv)
+    preset = PRESETS[args.preset]
+    ids = args.ids.split(",") if args.ids else list(dict.fromkeys(TABLE1_IDS + TABLE2_IDS))
+    unknown = [run_id for run_id in ids if run_id not in RUNS]
+    if unknown:
+        raise XmlmError(f"unknown run IDs {unknown}; known: {', '.join(RUNS)}")
+    seeds = SEEDS[: args.seeds or preset["seeds"]]
+    data, results = Path(args.data), Path(args.results)
+    runs_dir = results / "runs"
+    ensure_data(data, args.dry_run)
+    knn_table = results / "knn_table.pt"
+    if any(RUNS[run_id].needs_knn for run_id in ids) and not knn_table.exists():
+        run([BIN / "xmlm-build-knn", "--data", data, "--fake-english", "--k", KNN_NEIGHBOURS, "--out", knn_table],
+            args.dry_run)
+    for run_id in ids:
+        for seed in seeds:
+            run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run)
+    if args.dry_run:
+        return
+    for path in write_tables(runs_dir, results):
+        log(f"wrote {path}")
+        print(path.read_text())
+    write_figures(runs_dir, results, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Drivers that run whole experiments (prepare, train, evaluate, tabulate) of the papers."""

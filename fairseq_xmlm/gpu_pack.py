@@ -1,0 +1,91 @@
+"""Pack many small training runs onto one GPU: N `fairseq-train` processes at a time, each run in its own process.
+
+A BERT-small on the Bible keeps an H100 busy for a few percent of each step; the rest is Python (fairseq's
+train loop, the data loader). Several processes side by side fill the gaps: the GPU time-slices between them and
+each one's CPU work overlaps the others' kernels. A recipe builds its list of commands (argv lists) and calls
+`run_packed(commands, slots, log_dir)`; the CLI does the same for a file of commands, one shell-quoted per line:
+
+    python -m fairseq_xmlm.gpu_pack --slots 12 --log-dir logs/ commands.txt
+
+Each run's stdout+stderr goes to `log_dir/<index>.log`; runs that fail are named in one error at the end (the
+others still finish). Slots beyond the CPU count only queue behind each other, so `default_slots()` is the number
+of cores divided by the CPU threads one run needs (its main process plus its data-loader workers).
+"""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from fairseq_xmlm.errors import XmlmError, cli_errors
+
+
+def default_slots(workers_per_run):
+    """How many runs fit side by side: CPU cores / (1 main process + its data-loader workers), at least 1."""
+    return max(1, (os.cpu_count() or 1) // (1 + workers_per_run))
+
+
+def run_packed(commands, slots, log_dir, env=None, poll_s=0.2):
+    """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
+
+    Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended.
+    """
+    if slots < 1:
+        raise XmlmError(f"--slots must be at least 1, got {slots}")
+    os.makedirs(log_dir, exist_ok=True)
+    pending = list(enumerate(commands))[::-1]
+    running = {}  # index -> (process, log file, start time)
+    wall, failed = {}, []
+    child_env = dict(os.environ if env is None else env)
+    child_env.setdefault("OMP_NUM_THREADS", "1")  # N processes x all cores of intra-op threads would thrash
+    while pending or running:
+        while pending and len(running) < slots:
+            index, argv = pending.pop()
+            log = open(os.path.join(log_dir, f"{index}.log"), "w")
+            running[index] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env), log,
+                              time.perf_counter())
+            print(f"gpu-pack: started run {index} ({len(running)} running, {len(pending)} queued)", file=sys.stderr)
+        for index, (process, log, started) in list(running.items()):
+            if process.poll() is None:
+                continue
+            log.close()
+            wall[index] = time.perf_counter() - started
+            del running[index]
+            if process.returncode != 0:
+                failed.append(index)
+            print(f"gpu-pack: run {index} ended (exit {process.returncode}) after {wall[index]:.0f}s",
+                  file=sys.stderr)
+        time.sleep(poll_s)
+    if failed:
+        logs = ", ".join(os.path.join(log_dir, f"{i}.log") for i in sorted(failed))
+        raise XmlmError(f"{len(failed)} of {len(commands)} packed runs failed; see {logs}")
+    return [wall[i] for i in range(len(commands))]
+
+
+def read_commands(path):
+    """One shell-quoted command per non-empty line; lines starting with # are comments."""
+    if not os.path.isfile(path):
+        raise XmlmError(f"command file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        return [shlex.split(line) for line in f if line.strip() and not line.lstrip().startswith("#")]
+
+
+@cli_errors
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Run many fairseq-train commands side by side on one GPU.")
+    parser.add_argument("commands", help="file with one shell-quoted command per line")
+    parser.add_argument("--slots", type=int, default=0, help="runs at a time (0: CPU cores / (1 + --workers))")
+    parser.add_argument("--workers", type=int, default=1, help="data-loader workers each run uses (for --slots 0)")
+    parser.add_argument("--log-dir", default="gpu-pack-logs", help="one log per run: <index>.log")
+    args = parser.parse_args(argv)
+    commands = read_commands(args.commands)
+    slots = args.slots or default_slots(args.workers)
+    started = time.perf_counter()
+    run_packed(commands, slots, args.log_dir)
+    print(f"gpu-pack: {len(commands)} runs in {time.perf_counter() - started:.0f}s with {slots} slots",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""The speed paths give the plain path's results: compiled layers, bf16 autocast, xmlm_adamw, sync-free embedding
+lookup, and the GPU packer. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
+import sys
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+from fairseq.optim import build_optimizer
+from omegaconf import OmegaConf
+
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.gpu_pack import run_packed
+from fairseq_xmlm.models.partially_shared_roberta import (
+    PartiallySharedRoberta,
+    PartiallySharedRobertaConfig,
+    lookup_by_language,
+    route_by_language,
+)
+from fairseq_xmlm.optim.xmlm_adamw import XmlmAdamWConfig, parse_betas
+
+V, T = 48, 10
+
+
+class Task:
+    langs = ("a", "b")
+    lang_pos = True
+
+    def __init__(self):
+        self.dictionary = Dictionary()
+        for i in range(V - len(self.dictionary)):
+            self.dictionary.add_symbol(f"w{i}")
+
+    def max_positions(self):
+        return T
+
+
+def make_model(**overrides):
+    cfg = PartiallySharedRobertaConfig(encoder_layers=2, encoder_embed_dim=16, encoder_ffn_embed_dim=32,
+                                       encoder_attention_heads=2, dropout=0.0, attention_dropout=0.0, **overrides)
+    torch.manual_seed(0)
+    return PartiallySharedRoberta.build_model(cfg, Task())
+
+
+def inputs():
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(4, V, (4, T), generator=generator)
+    tokens[1, -3:] = Task().dictionary.pad()
+    return tokens, torch.tensor([0, 1, 1, 0])
+
+
+def test_compiled_layers_give_the_plain_outputs_and_gradients_in_fp32():
+    plain, compiled = make_model(), make_model(compile=True)
+    compiled.load_state_dict(plain.state_dict())
+    tokens, langs = inputs()
+    outputs = []
+    for model in (plain, compiled):
+        logits, _ = model(tokens, lang_ids=langs)
+        logits.float().pow(2).mean().backward()
+        outputs.append((logits, model.layers[0][0].ffn_in.weight.grad))
+    torch.testing.assert_close(outputs[1][0], outputs[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outputs[1][1], outputs[0][1], rtol=1e-4, atol=1e-6)
+
+
+def test_amp_bf16_runs_matrix_work_in_bf16_and_keeps_fp32_weights_and_gradients():
+    plain, amp = make_model(), make_model(amp_bf16=True)
+    amp.load_state_dict(plain.state_dict())
+    tokens, langs = inputs()
+    reference, _ = plain(tokens, lang_ids=langs)
+    logits, _ = amp(tokens, lang_ids=langs)
+    assert logits.dtype == torch.bfloat16 and reference.dtype == torch.float32
+    # bf16 keeps 8 bits of mantissa: the logits agree to a few percent of their spread, not exactly
+    assert (logits.float() - reference).abs().max() < 0.05 * reference.std()
+    torch.nn.functional.cross_entropy(logits.view(-1, V).float(), tokens.view(-1)).backward()
+    assert all(p.dtype == torch.float32 for p in amp.parameters())
+    assert amp.layers[0][0].ffn_in.weight.grad.dtype == torch.float32
+
+
+def test_lookup_by_language_equals_routing_with_the_same_gradients():
+    tables = [torch.nn.Embedding(V, 8) for _ in range(2)]
+    tokens, langs = inputs()
+    results = []
+    for select in (lambda: lookup_by_language(tables, langs, tokens),
+                   lambda: route_by_language(tables, langs, 2, tokens)):
+        for table in tables:
+            table.zero_grad(set_to_none=True)
+        out = select()
+        out.pow(3).sum().backward()
+        results.append((out, [t.weight.grad.clone() for t in tables]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    for got, want in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # English rows never reach the second table's rows that only English uses
+    english_only = set(tokens[langs == 0].flatten().tolist()) - set(tokens[langs == 1].flatten().tolist())
+    assert all(torch.count_nonzero(results[0][1][1][i]) == 0 for i in english_only)
+
+
+def adamw_reference(param, grads, lr, betas, eps, weight_decay):
+    """Loshchilov & Hutter's AdamW written out: decoupled decay, bias-corrected moments."""
+    p, m, v = param.clone(), torch.zeros_like(param), torch.zeros_like(param)
+    for step, g in enumerate(grads, start=1):
+        p = p * (1 - lr * weight_decay)
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        m_hat, v_hat = m / (1 - betas[0] ** step), v / (1 - betas[1] ** step)
+        p = p - lr * m_hat / (v_hat.sqrt() + eps)
+    return p
+
+
+@pytest.mark.parametrize("name", ["xmlm_adamw", "adam"])
+def test_xmlm_adamw_and_fairseq_adam_follow_the_adamw_formula(name):
+    cfg = OmegaConf.create({"_name": name, "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-6, "weight_decay": 0.01,
+                            "lr": [2e-3], **({"fused": True} if name == "xmlm_adamw" else {})})
+    torch.manual_seed(0)
+    start = torch.randn(5, 3)
+    grads = [torch.randn(5, 3) for _ in range(4)]
+    param = torch.nn.Parameter(start.clone())
+    optimizer = build_optimizer(cfg, [param])
+    for g in grads:
+        param.grad = g.clone()
+        optimizer.step()
+    torch.testing.assert_close(param.data, adamw_reference(start, grads, 2e-3, (0.9, 0.98), 1e-6, 0.01),
+                               rtol=1e-5, atol=1e-6)
+    if name == "xmlm_adamw":  # on the CPU the fused kernel is not asked for; the GPU path is in the benchmark
+        assert optimizer.optimizer.param_groups[0]["fused"] is False
+        assert set(XmlmAdamWConfig.__dataclass_fields__) >= {"adam_betas", "adam_eps", "weight_decay", "lr"}
+
+
+@pytest.mark.parametrize("bad", ["0.9", "(0.9, 1.5)", "(a, b)"])
+def test_bad_betas_are_one_clear_error(bad):
+    with pytest.raises(XmlmError, match="--adam-betas"):
+        parse_betas(bad)
+
+
+def test_gpu_pack_runs_everything_with_bounded_slots_and_names_failures(tmp_path):
+    marker = tmp_path / "live"
+    # each run records how many runs were alive at once through a shared counter file
+    script = ("import os,sys,time,fcntl;p=sys.argv[1]\n"
+              "def bump(d):\n f=open(p,'a+');fcntl.flock(f,fcntl.LOCK_EX);f.seek(0);n=int(f.read() or 0)+d;"
+              "f.seek(0);f.truncate();f.write(str(n));f.close();return n\n"
+              "n=bump(1);open(p+'.max','a').write(f'{n}\\n');time.sleep(0.3);bump(-1);sys.exit(int(sys.argv[2]))")
+    commands = [[sys.executable, "-c", script, str(marker), "0"] for _ in range(5)]
+    walls = run_packed(commands, slots=2, log_dir=tmp_path / "logs", poll_s=0.02)
+    assert len(walls) == 5 and all(w >= 0.3 for w in walls)
+    peaks = [int(x) for x in (tmp_path / "live.max").read_text().split()]
+    assert len(peaks) == 5 and max(peaks) == 2
+    commands[3] = [sys.executable, "-c", script, str(marker), "3"]
+    with pytest.raises(XmlmError, match=r"1 of 5 packed runs failed; see .*3\.log"):
+        run_packed(commands, slots=3, log_dir=tmp_path / "logs2", poll_s=0.02)

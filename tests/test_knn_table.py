@@ -1,0 +1,62 @@
+"""xmlm-build-knn end to end on the real BBE New Testament: fastText on English and on Fake-English (different
+seeds), unsupervised VecMap mapping, neighbour table. The twin of a frequent word must be its nearest neighbour."""
+import pytest
+import torch
+
+from fairseq_xmlm import knn_table
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.tasks.fake_english import doubled_dictionary
+from fairseq_xmlm.vocabulary import add_mask_symbol, dictionary_fingerprint, load_data_dictionary
+
+FAST = ["--dim", "64", "--epochs", "12", "--patience", "3"]  # small vectors, short self-learning: real text still
+
+
+@pytest.fixture(scope="module")
+def fake_english_table(fake_english_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("knn") / "table.pt"
+    knn_table.main(["--data", str(fake_english_data), "--k", "5", "--out", str(out), *FAST])
+    return torch.load(out, weights_only=True), add_mask_symbol(load_data_dictionary(fake_english_data))
+
+
+def test_table_matches_the_fake_english_task_dictionary(fake_english_table):
+    table, english = fake_english_table
+    doubled = doubled_dictionary(english)
+    assert table["dict_size"] == len(doubled) and table["dict_md5"] == dictionary_fingerprint(doubled)
+    assert table["neighbours"].shape == (len(doubled), 5) and table["neighbours"].dtype == torch.long
+    assert table["k"] == 5 and table["langs"] == ["en", "fake"]
+    v = len(english)
+    neighbours = table["neighbours"]
+    for special in (english.bos(), english.pad(), english.eos(), english.index("<mask>")):
+        assert (neighbours[special] == -1).all() and (neighbours[special + v] == -1).all()
+    has = neighbours[:, 0] >= 0
+    assert has[english.nspecial:v - 1].float().mean() > 0.95  # nearly every real symbol occurs in the train data
+    # neighbours are always in the other language
+    assert (neighbours[:v][has[:v]] >= v).all() and (neighbours[v:][has[v:]] < v).all()
+
+
+def test_unsupervised_mapping_recovers_the_twins_of_frequent_words(fake_english_table):
+    table, english = fake_english_table
+    v = len(english)
+    neighbours = table["neighbours"]
+    frequent = torch.tensor(sorted(range(english.nspecial, v - 1), key=lambda i: -english.count[i])[:500])
+    assert (neighbours[frequent, 0] == frequent + v).float().mean() > 0.8
+    assert (neighbours[frequent + v, 0] == frequent).float().mean() > 0.8
+    assert (neighbours[frequent] == (frequent + v)[:, None]).any(dim=1).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--langs", "en,fr"], "--fake-english takes one real language in --langs, got 'en,fr'"),
+    (["--k", "0"], "--k, --dim and --epochs must be positive"),
+])
+def test_bad_requests_give_one_clear_error(fake_english_data, tmp_path, capsys, arguments, message):
+    out = tmp_path / "t.pt"
+    with pytest.raises(SystemExit) as exit_info:
+        knn_table.main(["--data", str(fake_english_data), "--out", str(out), *arguments])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {message}"
+    assert not out.exists()
+
+
+def test_a_directory_without_dictionary_is_refused(tmp_path):
+    with pytest.raises(XmlmError, match="no dictionary"):
+        knn_table.build_table(str(tmp_path), ["en", "fr"], 5)
