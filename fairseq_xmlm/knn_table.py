@@ -84,8 +84,10 @@ def neighbour_table(languages, dict_size, k, method="csls", csls_k=10, **mapping
     mapped_a = iterative_normalize(vec_a, steps=1) @ wx
     mapped_b = iterative_normalize(vec_b, steps=1) @ wy
     table = torch.full((dict_size, k), -1, dtype=torch.long)
-    table[ids_a[owned_a]] = ids_b[nearest_neighbours(mapped_a[owned_a], mapped_b, k, method, csls_k)]
-    table[ids_b[owned_b]] = ids_a[nearest_neighbours(mapped_b[owned_b], mapped_a, k, method, csls_k)]
+    table[ids_a[owned_a]] = ids_b[nearest_neighbours(mapped_a[owned_a], mapped_b, k, method, csls_k,
+                                                     source_space=mapped_a)]
+    table[ids_b[owned_b]] = ids_a[nearest_neighbours(mapped_b[owned_b], mapped_a, k, method, csls_k,
+                                                     source_space=mapped_b)]
     return table
 
 
@@ -96,7 +98,7 @@ def relative_frequency_owners(sentences_by_lang, dict_size):
     return freqs.argmax(dim=0)
 
 
-def build_table(data_dir, langs, k, fake_english=False, inv_order=False, dim=300, epochs=5, seed=1, threads=2,
+def build_table(data_dir, langs, k, fake_english=False, inv_order=False, dim=300, epochs=20, seed=1, threads=2,
                 method="csls", csls_k=10, **mapping_options):
     """Everything but the file: returns the table dict described in the module docstring."""
     data_dictionary = add_mask_symbol(load_data_dictionary(data_dir))
@@ -161,7 +163,8 @@ def main(argv=None):
                         help="English + Fake-English (default when meta.json says task fake_english)")
     parser.add_argument("--inv-order", action="store_true", help="Fake-English sentences reversed")
     parser.add_argument("--dim", type=int, default=300, help="fastText dimensions")
-    parser.add_argument("--epochs", type=int, default=5, help="fastText epochs")
+    parser.add_argument("--epochs", type=int, default=20,
+                        help="fastText epochs (5, fastText's default, gives poorly aligned spaces on the Bible)")
     parser.add_argument("--threads", type=int, default=2, help="fastText threads")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--method", choices=("csls", "nn"), default="csls", help="neighbour retrieval")

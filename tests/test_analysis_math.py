@@ -167,3 +167,10 @@ def test_unsupervised_mapping_recovers_a_rotation_without_supervision():
     truth = np.argsort(order)  # row i of X is row truth[i] of Y
     assert (found == truth).mean() > 0.95
     assert pairs.shape[1] == 2
+
+
+def test_csls_of_a_query_subset_uses_the_whole_source_space():
+    rng = np.random.default_rng(12)
+    src, tgt = rng.standard_normal((60, 8)), rng.standard_normal((50, 8))
+    full = nearest_neighbours(src, tgt, 3, "csls", csls_k=5)
+    assert torch.equal(nearest_neighbours(src[10:20], tgt, 3, "csls", csls_k=5, source_space=src), full[10:20])

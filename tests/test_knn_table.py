@@ -60,3 +60,23 @@ def test_bad_requests_give_one_clear_error(fake_english_data, tmp_path, capsys, 
 def test_a_directory_without_dictionary_is_refused(tmp_path):
     with pytest.raises(XmlmError, match="no dictionary"):
         knn_table.build_table(str(tmp_path), ["en", "fr"], 5)
+
+
+def test_two_real_languages_share_one_table_by_ownership():
+    """Shared-dictionary path on synthetic vectors: language B is a rotated copy of A under other ids; a symbol
+    in both languages takes the row of its owner; every neighbour is a symbol of the other language."""
+    gen = torch.Generator().manual_seed(0)
+    n, d = 300, 24
+    vec_a = torch.randn(n, d, generator=gen, dtype=torch.float64) * torch.logspace(0.5, -0.5, d, dtype=torch.float64)
+    rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    vec_b = vec_a @ rotation + 0.01 * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    ids_a, ids_b = torch.arange(10, 10 + n), torch.arange(200, 200 + n)  # ids 200..309 are in both languages
+    owned_a = ids_a < 250
+    owned_b = ids_b >= 250
+    table = knn_table.neighbour_table([(ids_a, vec_a, owned_a), (ids_b, vec_b, owned_b)], 600, 3,
+                                      init_vocab=300, patience=3)
+    assert (table[:10] == -1).all() and (table[10 + n:] == -1).all() if 10 + n > 500 else (table[:10] == -1).all()
+    assert (table[ids_a[owned_a], 0] == ids_b[owned_a]).float().mean() > 0.95   # A's word -> its B counterpart
+    assert (table[ids_b[owned_b], 0] == ids_a[owned_b]).float().mean() > 0.95
+    assert torch.isin(table[ids_a[owned_a]], ids_b).all() and torch.isin(table[ids_b[owned_b]], ids_a).all()
+    assert (table[500:] == -1).all()

@@ -67,15 +67,19 @@ def csls_scores(x, y, k=10):
     return 2 * x @ y.T - mean_topk_similarity(x, y, k)[:, None] - mean_topk_similarity(y, x, k)[None, :]
 
 
-def nearest_neighbours(x, y, n=1, method="nn", csls_k=10, chunk_rows=None):
-    """Indices (len(X), n) of the n rows of Y closest to each row of X, by cosine ("nn") or CSLS ("csls")."""
+def nearest_neighbours(x, y, n=1, method="nn", csls_k=10, chunk_rows=None, source_space=None):
+    """Indices (len(X), n) of the n rows of Y closest to each row of X, by cosine ("nn") or CSLS ("csls").
+
+    `source_space`: the whole source matrix when X is a subset of it (CSLS's r_X(y) is over all source rows).
+    """
     if method not in ("nn", "csls"):
         raise ValueError(f"unknown retrieval method {method!r} (nn or csls)")
     x, y = normalize_rows(as_float_tensor(x)), normalize_rows(as_float_tensor(y))
     n = min(n, len(y))
     if method == "csls":
         # r_Y(x) is constant along a row, so only the hubness penalty r_X(y) changes the ranking.
-        hubness = mean_topk_similarity(y, x, csls_k, chunk_rows)
+        space = x if source_space is None else normalize_rows(as_float_tensor(source_space))
+        hubness = mean_topk_similarity(y, space, csls_k, chunk_rows)
     out = torch.empty(len(x), n, dtype=torch.long, device=x.device)
     for start, stop in _row_chunks(len(x), len(y), chunk_rows):
         scores = x[start:stop] @ y.T
@@ -96,7 +100,8 @@ def translation_accuracy(src, tgt, gold_pairs, method="nn", ks=(1, 5, 10), csls_
         raise ValueError("no gold pairs to evaluate")
     queries, query_of_pair = torch.unique(gold[:, 0], return_inverse=True)
     src = as_float_tensor(src)
-    retrieved = nearest_neighbours(src[queries.to(src.device)], tgt, max(ks), method, csls_k, chunk_rows).cpu()
+    retrieved = nearest_neighbours(src[queries.to(src.device)], tgt, max(ks), method, csls_k, chunk_rows,
+                                   source_space=src).cpu()
     # rank of the gold target among each query's retrieved list (max(ks) = not retrieved)
     match = retrieved[query_of_pair] == gold[:, 1:2]
     rank = torch.where(match.any(dim=1), match.float().argmax(dim=1), torch.full_like(gold[:, 0], max(ks)))

@@ -15,7 +15,7 @@ verses.tsv), which is how the Wiki-CC domain row is run on corpora from elsewher
 """
 import argparse
 import json
-import os
+import logging
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -213,6 +213,7 @@ def plot_figure3(found, path):
     import matplotlib
 
     matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's root logger would print font searches
     import matplotlib.pyplot as plt
 
     from fairseq_xmlm.evaluation.figures import _save
