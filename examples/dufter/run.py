@@ -25,6 +25,9 @@ PRESETS = {
     "full": {"epochs": 100, "seeds": 5, "eval_sentences": None, "eval_train_sentences": None, "validate_every": 500},
     # a CPU afternoon: the same runs, short and once, perplexity and mu on subsets
     "quick": {"epochs": 3, "seeds": 1, "eval_sentences": 1000, "eval_train_sentences": 2000, "validate_every": 50},
+    # examples/quickstart.sh: the original model and its untrained twin, <= 10 minutes on 2 CPU cores
+    "quickstart": {"epochs": 3, "seeds": 1, "eval_sentences": 1000, "eval_train_sentences": 2000,
+                   "validate_every": 50, "ids": ("0", "18")},
 }
 CURVE_IDS = ("0", "15", "30")  # Fig. 6/7: trained with the multilinguality validation hook
 KNN_NEIGHBOURS = 1  # Appendix A.3: "in the fake-English setup only with the nearest neighbor"
@@ -44,7 +47,14 @@ def run(command, dry_run, log_path=None):
         return
     tmp = log_path.with_name(log_path.name + ".partial")
     with open(tmp, "w") as out:
-        subprocess.run(list(map(str, command)), check=True, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(list(map(str, command)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+        for line in process.stdout:
+            out.write(line)
+            if " | train_inner | " in line or " | valid | " in line or "Error" in line:  # progress on the console
+                sys.stderr.write(line)
+        if process.wait():
+            raise XmlmError(f"command failed (exit {process.returncode}), log: {tmp}")
     tmp.replace(log_path)
 
 
@@ -72,8 +82,9 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table):
     spec = RUNS[run_id]
     epochs = preset["epochs"] * spec.epoch_factor
     total = epochs * updates_per_epoch(data, "--no-parallel" in spec.flags)
+    # Untrained rows: xmlm-untrained saves the update-0 model that fairseq-train would start from.
     command = [
-        BIN / "fairseq-train", data, "--user-dir", REPO / "fairseq_xmlm", "--task", "fake_english",
+        BIN / ("xmlm-untrained" if spec.untrained else "fairseq-train"), data, "--user-dir", REPO / "fairseq_xmlm", "--task", "fake_english",
         "--criterion", "masked_lm", "--optimizer", "adam", "--adam-eps", "1e-6", "--weight-decay", "0.01",
         "--batch-size", BATCH_SIZE, "--save-dir", save_dir, "--seed", seed, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", "10",
@@ -85,8 +96,8 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table):
             at = extra.index(name)
             flags[name] = extra[at + 1]
             del extra[at:at + 2]
-    if spec.untrained:  # an update-0 model: one step with learning rate 0 writes the initial weights
-        command += ["--arch", flags["--arch"], "--lr", "0", "--lr-scheduler", "fixed", "--max-update", "1"]
+    if spec.untrained:
+        command += ["--arch", flags["--arch"], "--lr", flags["--lr"]]
     else:
         command += ["--arch", flags["--arch"], "--lr", flags["--lr"], "--lr-scheduler", "polynomial_decay",
                     "--warmup-updates", "50", "--total-num-update", total, "--max-epoch", epochs]
@@ -112,7 +123,7 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run):
         log(f"run {run_id} seed {seed}: done already ({result})")
         return
     save_dir = run_dir / "checkpoints"
-    checkpoint = save_dir / "checkpoint_last.pt"
+    checkpoint = save_dir / ("checkpoint_untrained.pt" if RUNS[run_id].untrained else "checkpoint_last.pt")
     if not dry_run:
         run_dir.mkdir(parents=True, exist_ok=True)
     if not checkpoint.exists() or not (run_dir / "train.log").exists():
@@ -168,7 +179,7 @@ def main(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
-    ids = args.ids.split(",") if args.ids else list(dict.fromkeys(TABLE1_IDS + TABLE2_IDS))
+    ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
     unknown = [run_id for run_id in ids if run_id not in RUNS]
     if unknown:
         raise XmlmError(f"unknown run IDs {unknown}; known: {', '.join(RUNS)}")
@@ -185,7 +196,7 @@ def main(argv=None):
             run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run)
     if args.dry_run:
         return
-    for path in write_tables(runs_dir, results):
+    for path in write_tables(runs_dir, results, ids=ids):
         log(f"wrote {path}")
         print(path.read_text())
     write_figures(runs_dir, results, data)

@@ -6,9 +6,12 @@
   json validation log lines written while training with `--eval-multilinguality`.
 """
 import json
+import logging
 from pathlib import Path
 
 import matplotlib
+
+logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font-cache DEBUG lines are noise
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

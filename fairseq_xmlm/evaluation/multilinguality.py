@@ -182,9 +182,10 @@ class PairedEncoder:
     def _states(self, inputs, lang):
         tokens = pad_batch(inputs, self.pad).to(self.device)
         lang_ids = torch.full((len(inputs),), lang, dtype=torch.long, device=self.device)
-        states = self.model.encode_layers(tokens, lang_ids)
-        if max(self.layers) >= len(states):
-            raise XmlmError(f"layer {max(self.layers)} does not exist: the model has layers 0..{len(states) - 1}")
+        depth = len(self.model.layers)
+        if max(self.layers) > depth:
+            raise XmlmError(f"layer {max(self.layers)} does not exist: the model has layers 0..{depth}")
+        states = self.model.encode_layers(tokens, lang_ids, last_layer=max(self.layers))
         keep = ~torch.isin(tokens, self.special_ids.to(self.device))
         return states, keep
 

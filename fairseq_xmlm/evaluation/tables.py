@@ -187,16 +187,22 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def write_tables(runs_dir, out_dir, layers=("0", "8")):
-    """Aggregate every run under runs_dir and write out_dir/table1.md and table2.md; returns their paths."""
+def write_tables(runs_dir, out_dir, layers=("0", "8"), ids=None):
+    """Aggregate every run under runs_dir and write out_dir/table1.md and table2.md; returns their paths.
+
+    `ids` keeps only those rows (a table without any of them is not written).
+    """
     summaries = {run_id: aggregate(results, layers) for run_id, results in load_run_results(runs_dir).items()
                  if run_id in RUNS}
     paths = []
-    for name, ids, paper, title in (
+    for name, table_ids, paper, title in (
         ("table1.md", TABLE1_IDS, PAPER_TABLE1, "Table 1: multilinguality and model fit"),
         ("table2.md", TABLE2_IDS, PAPER_TABLE2, "Table 2: parallel vs. non-parallel training corpus"),
     ):
+        rows = [run_id for run_id in table_ids if ids is None or run_id in ids]
+        if not rows:
+            continue
         path = Path(out_dir) / name
-        write_atomic(path, markdown_table(ids, summaries, paper, title))
+        write_atomic(path, markdown_table(rows, summaries, paper, title))
         paths.append(path)
     return paths

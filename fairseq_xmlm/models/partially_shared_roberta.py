@@ -228,14 +228,17 @@ class PartiallySharedRoberta(BaseFairseqModel):
             x = x + self.language_embedding(lang_ids).unsqueeze(1)
         return self.embedding_norm(x)
 
-    def encode_layers(self, src_tokens, lang_ids=None):
-        """List of (B, T, D) states: index 0 = embeddings after LayerNorm, index i = output of layer i."""
+    def encode_layers(self, src_tokens, lang_ids=None, last_layer=None):
+        """List of (B, T, D) states: index 0 = embeddings after LayerNorm, index i = output of layer i.
+
+        `last_layer` stops early (evaluation at layers 0 and 8 need not run the top layers).
+        """
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
         keep = src_tokens.ne(self.padding_idx)[:, None, None, :]
         x = self.embed(src_tokens, lang_ids)
         states = [x]
         x = self.dropout(x)
-        for copies in self.layers:
+        for copies in self.layers[:last_layer]:
             x = route_by_language(copies, lang_ids, len(copies), x, keep)
             states.append(x)
         return states

@@ -55,7 +55,7 @@ class XmlmAdamW(FairseqOptimizer):
     def optimizer_config(self):
         """What fairseq re-applies to the param groups when a checkpoint is loaded (learning rate etc.)."""
         return {
-            "lr": self.cfg.lr[0] if isinstance(self.cfg.lr, (list, tuple)) else self.cfg.lr,
+            "lr": self.cfg.lr if isinstance(self.cfg.lr, (int, float)) else self.cfg.lr[0],
             "betas": parse_betas(self.cfg.adam_betas),
             "eps": self.cfg.adam_eps,
             "weight_decay": self.cfg.weight_decay,
