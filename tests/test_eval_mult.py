@@ -25,8 +25,9 @@ def test_json_schema_and_value_ranges(evaluated, fake_english_checkpoint):
     result, out = evaluated
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
-    assert set(written) == {"checkpoint", "mu", "layers", "ppl", "n_sentences", "n_words"}
-    assert written["checkpoint"] == str(fake_english_checkpoint)
+    assert set(written) == {"checkpoint", "task", "mu", "mu_parts", "layers", "ppl", "n_sentences", "n_words"}
+    assert written["checkpoint"] == str(fake_english_checkpoint) and written["task"] == "fake_english"
+    assert written["mu_parts"] == ["tau0", "rho0", "tau8", "rho8"]
     assert set(written["layers"]) == {"0", "8"}
     for scores in written["layers"].values():
         assert set(scores) == {"align_f1", "retrieval", "translation"}
@@ -89,10 +90,15 @@ def expect_error(capsys, argv, message):
 
 def test_checkpoint_of_another_task_is_refused(fake_english_checkpoint, fake_english_data, tmp_path, capsys):
     state = torch.load(fake_english_checkpoint, weights_only=True)
-    state["cfg"]["task"]["_name"] = "bilingual_mlm"
-    other = tmp_path / "bilingual.pt"
+    state["cfg"]["task"]["_name"] = "masked_lm"
+    other = tmp_path / "masked_lm.pt"
     torch.save(state, other)
-    expect_error(capsys, [str(other), "--data", str(fake_english_data)], "trained with task 'bilingual_mlm'")
+    expect_error(capsys, [str(other), "--data", str(fake_english_data)], "trained with task 'masked_lm'")
+
+
+def test_bilingual_options_are_refused_for_fake_english(fake_english_checkpoint, fake_english_data, capsys):
+    expect_error(capsys, [str(fake_english_checkpoint), "--data", str(fake_english_data), "--split", "test"],
+                 "--dict and --split are for bilingual_mlm")
 
 
 def test_dev_data_of_another_dictionary_is_refused(fake_english_checkpoint, bible_dir, tmp_path, capsys):

@@ -160,9 +160,11 @@ class TokenEmbeddingEncoder(torch.nn.Module):
         self.embedding = torch.nn.Embedding(vocab, dim)
         self.offset = torch.nn.Parameter(torch.randn(2, dim))
 
-    def encode_layers(self, tokens, lang_ids):
+    layers = ("offset",)  # one layer above the embeddings: the evaluation reads the depth from len(model.layers)
+
+    def encode_layers(self, tokens, lang_ids, last_layer=None):
         x = self.embedding(tokens)
-        return [x, x + self.offset[lang_ids].unsqueeze(1)]
+        return [x, x + self.offset[lang_ids].unsqueeze(1)][: (1 if last_layer is None else last_layer) + 1]
 
 
 def test_paired_encoder_restores_input_order_and_skips_specials():

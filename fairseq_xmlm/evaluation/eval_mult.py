@@ -1,11 +1,24 @@
-"""xmlm-eval-mult: the degree of multilinguality and the model fit of one `fake_english` checkpoint.
+"""xmlm-eval-mult: degree of multilinguality and model fit of one `fake_english` or `bilingual_mlm` checkpoint.
 
     xmlm-eval-mult CHECKPOINT --data DATA_BIN [--layers 0 8] [--json OUT.json] [--max-sentences N]
+                   [--split valid|test] [--dict MUSE_FILE]
 
-The modifications the model was trained with (lang-pos, shift-special, inv-order, ...) come from the checkpoint's
-task config, so the Fake side of the dev data is built exactly as in training. Prints one summary line on stdout
-and, with --json, writes {"checkpoint", "mu", "layers": {"0": {"align_f1", "retrieval", "translation"}, ...},
-"ppl": {"train", "valid"}, "n_sentences", "n_words"}.
+fake_english: the modifications the model was trained with (lang-pos, shift-special, inv-order, ...) come from the
+checkpoint's task config, so the Fake side of the dev data is built exactly as in training; alignment F1, retrieval
+rho and translation tau (every word against its twin) per layer, mu their rho/tau mean.
+
+bilingual_mlm (languages 0 and 1 of its --langs): the parallel text is item k of `{split}.<l0>` and of
+`{split}.<l1>` (the same verse). rho as for fake_english, each language under its own lang id. Alignment F1 needs
+gold word alignments: null. tau needs --dict (MUSE lines `src tgt`, l0 -> l1): a word counts when it is ONE
+dictionary symbol of its language, `▁word` (joint / separate sentencepiece) or `<lang>:▁word` (prefixed), found
+as a whole word in that language's training text; its vector is the mean-pooled state of `<s> word </s>`; tau is
+P@1 of finding a gold translation among all such words of the other language, both directions averaged; null
+without --dict. mu is the mean of the defined rho / tau values ("mu_parts" names them). Perplexity (15 % mask-only,
+fixed seed) per language through its own lang id, averaged over languages.
+
+Prints one summary line on stdout and, with --json, writes {"checkpoint", "task", "mu", "mu_parts",
+"layers": {"0": {"align_f1", "retrieval", "translation"}, ...}, "ppl": {"train", "valid"}, "n_sentences",
+"n_words"}; bilingual_mlm adds "langs", "split", "dict" and "ppl_per_lang": {lang: {"train", "valid"}}.
 """
 import argparse
 import json
@@ -17,11 +30,13 @@ import torch
 
 from fairseq_xmlm.checkpoints import load_checkpoint, safe_torch_load
 from fairseq_xmlm.errors import XmlmError, cli_errors
-from fairseq_xmlm.evaluation.multilinguality import multilinguality_scores, split_perplexity
+from fairseq_xmlm.data.freedict import load_muse_dictionary
+from fairseq_xmlm.evaluation.multilinguality import (bilingual_scores, multilinguality_scores, parallel_sentences,
+                                                     split_perplexity)
 from fairseq_xmlm.evaluation.tables import write_atomic
 from fairseq_xmlm.vocabulary import dictionary_fingerprint, load_data_dictionary
 
-SUPPORTED_TASKS = ("fake_english",)
+SUPPORTED_TASKS = ("fake_english", "bilingual_mlm")
 
 
 def log(message):
@@ -30,10 +45,20 @@ def log(message):
 
 def checkpoint_task_config(path):
     """The task config a checkpoint was trained with, read before anything is built (memory-mapped, weights only):
-    its name and the data directory it trained on."""
+    its name, the data directory it trained on and (bilingual_mlm) its languages."""
     state = safe_torch_load(path, map_location="cpu", mmap=True)
     task = (state.get("cfg") or {}).get("task") or {}
-    return {key: task.get(key) if isinstance(task, dict) else getattr(task, key, None) for key in ("_name", "data")}
+    return {key: task.get(key) if isinstance(task, dict) else getattr(task, key, None)
+            for key in ("_name", "data", "langs")}
+
+
+def data_languages(data_dir):
+    """The languages xmlm-prepare recorded in data_dir/meta.json (None without one)."""
+    meta = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(meta):
+        return None
+    with open(meta, encoding="utf-8") as f:
+        return json.load(f).get("langs")
 
 
 def load_for_evaluation(path, data_dir, device):
@@ -46,6 +71,14 @@ def load_for_evaluation(path, data_dir, device):
     if name not in SUPPORTED_TASKS:
         raise XmlmError(f"{path} was trained with task '{name}'; xmlm-eval-mult evaluates "
                         f"{', '.join(SUPPORTED_TASKS)} checkpoints")
+    if name == "bilingual_mlm":
+        langs = [lang.strip() for lang in (trained["langs"] or "").split(",") if lang.strip()]
+        have = data_languages(data_dir) if os.path.isdir(data_dir) else None
+        if len(langs) < 2:
+            raise XmlmError(f"{path} was trained on one language ({','.join(langs)}): multilinguality needs two")
+        if have is not None and not set(langs) <= set(have):
+            raise XmlmError(f"{data_dir} holds {', '.join(have)} but {path} was trained on {', '.join(langs)}: "
+                            "evaluate on data of the checkpoint's languages")
     if trained_on and os.path.isdir(trained_on) and os.path.realpath(trained_on) != os.path.realpath(data_dir):
         if dictionary_fingerprint(load_data_dictionary(trained_on)) != dictionary_fingerprint(
                 load_data_dictionary(data_dir)):
@@ -72,7 +105,7 @@ def sentences_by_language(task, split):
 
 
 def evaluate(model, task, layers=(0, 8), max_sentences=None, max_train_sentences=None, seed=1, device=None):
-    """The eval-mult result dict (without "checkpoint") for a loaded model and task."""
+    """The eval-mult result dict (without "checkpoint") for a loaded fake_english model and task."""
     dev = task.load_split_sentences("valid")[:max_sentences]
     started = time.time()
     result = multilinguality_scores(model, task, dev, layers, device)
@@ -87,22 +120,62 @@ def evaluate(model, task, layers=(0, 8), max_sentences=None, max_train_sentences
     return result
 
 
+def evaluate_bilingual(model, task, layers=(0, 8), split="valid", max_sentences=None, max_train_sentences=None,
+                       seed=1, device=None, dictionary=None):
+    """The eval-mult result dict (without "checkpoint") for a loaded bilingual_mlm model and task, on its
+    languages 0 and 1; `dictionary` a MUSE file of word pairs l0 -> l1 (None: no tau)."""
+    first, second = parallel_sentences(task, split, max_sentences)
+    word_pairs = load_muse_dictionary(dictionary) if dictionary else None
+    started = time.time()
+    result = bilingual_scores(model, task, first, second, layers, device, word_pairs)
+    result |= {"langs": list(task.langs[:2]), "split": split,
+               "dict": {"path": dictionary, "pairs": len(word_pairs), "usable_pairs": result["n_words"]}
+               if dictionary else None}
+    log(f"eval-mult: retrieval on {len(first)} parallel {split} sentences"
+        + (f", translation of {result['n_words']} of {len(word_pairs)} dictionary pairs" if dictionary else "")
+        + f" ({time.time() - started:.1f}s)")
+    per_lang = {}
+    for lang in (0, 1):
+        name = task.langs[lang]
+        per_lang[name] = {}
+        for ppl_split, limit in (("train", max_train_sentences), ("valid", max_sentences)):
+            started = time.time()
+            sentences = task.load_split_sentences(ppl_split, lang)[:limit]
+            per_lang[name][ppl_split] = split_perplexity(model, task, {lang: sentences}, device, seed=seed)
+            log(f"eval-mult: {name} {ppl_split} perplexity {per_lang[name][ppl_split]:.1f} "
+                f"({time.time() - started:.1f}s)")
+    result["ppl"] = {ppl_split: sum(p[ppl_split] for p in per_lang.values()) / len(per_lang)
+                     for ppl_split in ("train", "valid")}
+    result["ppl_per_lang"] = per_lang
+    return result
+
+
+def score_text(value):
+    return "-" if value is None else f"{value:.2f}"
+
+
 def summary_line(result):
     parts = [f"mu={result['mu']:.3f}"]
     for layer, scores in result["layers"].items():
-        parts.append(f"L{layer} F1={scores['align_f1']:.2f} rho={scores['retrieval']:.2f} "
-                     f"tau={scores['translation']:.2f}")
+        parts.append(f"L{layer} F1={score_text(scores['align_f1'])} rho={score_text(scores['retrieval'])} "
+                     f"tau={score_text(scores['translation'])}")
     parts.append(f"ppl train={result['ppl']['train']:.1f} dev={result['ppl']['valid']:.1f}")
     return f"{result['checkpoint']}: " + " | ".join(parts)
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="xmlm-eval-mult", description=__doc__.split("\n")[0])
-    parser.add_argument("checkpoint", help="a fake_english checkpoint (.pt) written by fairseq-train")
-    parser.add_argument("--data", required=True, help="data-bin directory of xmlm-prepare fake-english")
+    parser.add_argument("checkpoint", help="a fake_english or bilingual_mlm checkpoint (.pt) written by fairseq-train")
+    parser.add_argument("--data", required=True,
+                        help="data-bin directory of xmlm-prepare (fake-english, or pair for bilingual_mlm)")
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 8], help="layers to score (0: embeddings)")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--max-sentences", type=int, help="only the first N dev sentences")
+    parser.add_argument("--split", choices=("valid", "test"), default="valid",
+                        help="bilingual_mlm: the parallel split for retrieval (default valid)")
+    parser.add_argument("--dict", help="bilingual_mlm: MUSE dictionary (src tgt per line, language 0 -> 1) for "
+                        "translation tau; without it tau is null. Alignment F1 is always null for bilingual_mlm "
+                        "(no gold word alignments)")
     parser.add_argument("--max-train-sentences", type=int, help="only the first N train sentences for perplexity")
     parser.add_argument("--seed", type=int, default=1, help="seed of the perplexity masks")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -119,10 +192,20 @@ def parse_args(argv):
 def run(argv=None):
     """The command without the console wrapper: returns the result dict (errors raise XmlmError)."""
     args = parse_args(argv)
+    if args.dict and not os.path.isfile(args.dict):
+        raise XmlmError(f"dictionary {args.dict} does not exist")
     model, task = load_for_evaluation(args.checkpoint, args.data, args.device)
-    result = {"checkpoint": args.checkpoint}
-    result |= evaluate(model, task, tuple(args.layers), args.max_sentences, args.max_train_sentences, args.seed,
-                       args.device)
+    name = checkpoint_task_config(args.checkpoint)["_name"]
+    result = {"checkpoint": args.checkpoint, "task": name}
+    if name == "bilingual_mlm":
+        result |= evaluate_bilingual(model, task, tuple(args.layers), args.split, args.max_sentences,
+                                     args.max_train_sentences, args.seed, args.device, args.dict)
+    else:
+        if args.dict or args.split != "valid":
+            raise XmlmError("--dict and --split are for bilingual_mlm checkpoints (fake_english translates every "
+                            "word to its twin on the dev set)")
+        result |= evaluate(model, task, tuple(args.layers), args.max_sentences, args.max_train_sentences, args.seed,
+                           args.device)
     if args.json:
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     print(summary_line(result))

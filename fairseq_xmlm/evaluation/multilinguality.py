@@ -4,11 +4,16 @@ The metric functions work on plain tensors, so they serve Fake-English twins and
 - `mutual_argmax_counts`: word alignment by mutual argmax of cosine similarity (Sabet et al. 2020's Argmax),
   counted against a gold alignment, for a whole batch of padded sentence pairs at once;
 - `mean_pool`: sentence vectors as the mean of token vectors, special tokens excluded;
-- `precision_at_1`: retrieval P@1 by cosine, in chunks, averaged over both directions (rho and tau);
+- `precision_at_1`: retrieval P@1 by cosine, in chunks, averaged over both directions (rho and tau); one-to-one
+  (with labels for repeated items) or against a many-to-many gold relation (a word dictionary);
+- `multilinguality_score`: mu, the mean of the rho and tau values that are defined;
 - `masked_perplexity`: exp of the mean NLL on tokens replaced by the mask symbol.
 
 `multilinguality_scores(model, task, sentences, layers, device)` glues them to a model and a `fake_english` task;
-`xmlm-eval-mult` and the task's validation hook both call it.
+`xmlm-eval-mult` and the task's validation hook both call it. `bilingual_scores(model, task, first, second, ...)`
+does the same for two real languages (`bilingual_mlm`): rho on parallel sentences, tau on a word dictionary
+(`dictionary_translation`), no alignment F1; `xmlm-eval-mult` and the Conneau Table 1 driver call it or its parts.
+`split_perplexity` serves both tasks.
 """
 import math
 from dataclasses import dataclass
@@ -76,35 +81,64 @@ def mean_pool(states, keep):
     return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
 
 
-def _p_at_1_one_way(queries, keys, labels, chunk_size):
+def _p_at_1_one_way(queries, keys, is_hit, chunk_size):
+    """Share of queries whose cosine-nearest key is a hit; is_hit(query rows, best key rows) -> bool tensor."""
     keys = F.normalize(keys.float(), dim=-1)
     hits = 0
     for start in range(0, len(queries), chunk_size):
         block = F.normalize(queries[start : start + chunk_size].float(), dim=-1)
         best = (block @ keys.T).argmax(dim=1)
-        hits += int((labels[best] == labels[start : start + chunk_size]).sum())
+        hits += int(is_hit(torch.arange(start, start + len(block), device=best.device), best).sum())
     return hits / len(queries)
 
 
-def precision_at_1(vectors_a, vectors_b, labels=None, chunk_size=1024):
+def precision_at_1(vectors_a, vectors_b, labels=None, gold=None, chunk_size=1024):
     """Cosine P@1 of finding row i of b for query row i of a and vice versa, averaged over both directions.
 
     labels (m,) marks rows that are the same item (e.g. a sentence occurring twice in the corpus): retrieving
     any row with the query's label counts as a hit. Default: every row is its own item.
+    gold (n_a, n_b) bool, instead of labels, for sets of different sizes (a word dictionary, many-to-many): row j
+    of b is a correct answer for row i of a iff gold[i, j]; the queries of each direction are the rows with at
+    least one correct answer, the candidates all rows of the other set.
     """
+    if gold is not None:
+        gold = gold.to(vectors_a.device)
+        if tuple(gold.shape) != (len(vectors_a), len(vectors_b)):
+            raise XmlmError(f"gold is {tuple(gold.shape)}, the sets have {len(vectors_a)} and {len(vectors_b)} rows")
+        queries_a, queries_b = gold.any(dim=1).nonzero().squeeze(1), gold.any(dim=0).nonzero().squeeze(1)
+        if len(queries_a) == 0:
+            raise XmlmError("retrieval: the gold relation is empty")
+        forward = _p_at_1_one_way(vectors_a[queries_a], vectors_b, lambda rows, best: gold[queries_a[rows], best],
+                                  chunk_size)
+        backward = _p_at_1_one_way(vectors_b[queries_b], vectors_a,
+                                   lambda rows, best: gold[best, queries_b[rows]], chunk_size)
+        return (forward + backward) / 2
     if len(vectors_a) != len(vectors_b) or len(vectors_a) == 0:
         raise XmlmError(f"retrieval needs two equally long non-empty sets, got {len(vectors_a)} and {len(vectors_b)}")
     if labels is None:
         labels = torch.arange(len(vectors_a))
     labels = labels.to(vectors_a.device)
-    forward = _p_at_1_one_way(vectors_a, vectors_b, labels, chunk_size)
-    backward = _p_at_1_one_way(vectors_b, vectors_a, labels, chunk_size)
+
+    def same_label(rows, best):
+        return labels[best] == labels[rows]
+
+    forward = _p_at_1_one_way(vectors_a, vectors_b, same_label, chunk_size)
+    backward = _p_at_1_one_way(vectors_b, vectors_a, same_label, chunk_size)
     return (forward + backward) / 2
 
 
+def multilinguality_parts(per_layer):
+    """The scores mu averages, as {"tau0": .., "rho0": .., ...}: translation (tau) and retrieval (rho) of every
+    layer of {layer: {"retrieval", "translation"}} where they are defined (None: not measured, left out)."""
+    return {f"{symbol}{layer}": scores[name] for layer, scores in per_layer.items()
+            for symbol, name in (("tau", "translation"), ("rho", "retrieval")) if scores[name] is not None}
+
+
 def multilinguality_score(per_layer):
-    """mu: the mean of retrieval and translation over the given layers ({layer: {"retrieval", "translation"}})."""
-    values = [scores[name] for scores in per_layer.values() for name in ("retrieval", "translation")]
+    """mu: the mean of the retrieval and translation scores defined at the given layers."""
+    values = list(multilinguality_parts(per_layer).values())
+    if not values:
+        raise XmlmError("mu: no retrieval or translation score to average")
     return sum(values) / len(values)
 
 
@@ -208,17 +242,34 @@ class PairedEncoder:
                     gold = gold_alignment(len_a, reversed_order=gold_reversed)
                     batch_counts = mutual_argmax_counts(words_a, words_b, len_a, len_b, gold)
                     counts[layer] = tuple(t + c for t, c in zip(counts[layer], batch_counts))
-        # rows come out grouped by length; put them back in input order
-        position = torch.empty(len(order), dtype=torch.long)
-        position[torch.tensor(order)] = torch.arange(len(order))
+        position = _input_positions(order)
         stacked = {layer: (torch.cat(a)[position], torch.cat(b)[position]) for layer, (a, b) in pooled.items()}
         return stacked, (counts if gold_reversed is not None else None)
 
+    def pooled(self, inputs, lang):
+        """Mean-pooled vectors {layer: (m, D)} of the inputs of ONE language (sets of different sizes)."""
+        order, pooled = [], {layer: [] for layer in self.layers}
+        for batch in length_batches([len(x) for x in inputs], self.max_tokens):
+            order.extend(batch)
+            states, keep = self._states([inputs[k] for k in batch], lang)
+            for layer in self.layers:
+                pooled[layer].append(mean_pool(states[layer], keep).float().cpu())
+        position = _input_positions(order)
+        return {layer: torch.cat(chunks)[position] for layer, chunks in pooled.items()}
 
-def _sentence_labels(sentences):
-    """Same label for identical sentences, so retrieving a verbatim repeat of the query counts as a hit."""
+
+def _input_positions(order):
+    """Rows come out of length_batches grouped by length: the index of each input's row, to restore input order."""
+    position = torch.empty(len(order), dtype=torch.long)
+    position[torch.tensor(order)] = torch.arange(len(order))
+    return position
+
+
+def _sentence_labels(*sides):
+    """Same label for identical sentences (identical pairs, given both sides of parallel text), so retrieving a
+    verbatim repeat of the query counts as a hit."""
     seen = {}
-    return torch.tensor([seen.setdefault(tuple(s.tolist()), len(seen)) for s in sentences])
+    return torch.tensor([seen.setdefault(tuple(tuple(s.tolist()) for s in row), len(seen)) for row in zip(*sides)])
 
 
 def translation_words(task):
@@ -295,14 +346,117 @@ def multilinguality_scores(model, task, sentences, layers=(0, 8), device=None, m
     }
     return {
         "mu": multilinguality_score(per_layer),
+        "mu_parts": list(multilinguality_parts(per_layer)),
         "layers": {str(layer): scores for layer, scores in per_layer.items()},
         "n_sentences": len(sentences),
         "n_words": len(words),
     }
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Glue for two real languages (bilingual_mlm): parallel text and a word dictionary
+# --------------------------------------------------------------------------------------------------------------
+def parallel_sentences(task, split, max_sentences=None):
+    """(language 0, language 1) piece ids of a split's items; item k of `{split}.<l0>` and of `{split}.<l1>` are
+    the same verse (xmlm-prepare pair writes them verse-aligned)."""
+    first, second = (task.load_split_sentences(split, lang)[:max_sentences] for lang in (0, 1))
+    if len(first) != len(second):
+        raise XmlmError(f"{split}.{task.langs[0]} has {len(first)} items and {split}.{task.langs[1]} "
+                        f"{len(second)}: not parallel text")
+    return first, second
+
+
+def parallel_retrieval(model, task, first, second, layers, device=None, max_tokens=8192):
+    """{layer: rho}: P@1 of finding a sentence's translation among all sentences of the other language by cosine
+    of mean-pooled states (specials excluded), both directions averaged; each side runs under its own lang id."""
+    if not first:
+        raise XmlmError("retrieval: no parallel sentences to evaluate")
+    device = torch.device(device) if device else model_device(model)
+    encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device, max_tokens)
+    with _EvalMode(model):
+        pooled, _ = encoder.pooled_and_aligned([task.sentence_input(s, 0) for s in first],
+                                               [task.sentence_input(s, 1) for s in second], langs=(0, 1))
+    labels = _sentence_labels(first, second)
+    return {layer: precision_at_1(*pooled[layer], labels=labels) for layer in layers}
+
+
+def word_symbols(task, lang):
+    """{word: dictionary id} of the words of language `lang` that are ONE dictionary symbol.
+
+    A word w is the symbol `▁w` (joint / separate sentencepiece) or `<lang>:▁w` (prefixed mode), and that symbol
+    must occur as a whole word in the language's training text (followed by a word-initial piece or the sentence
+    end): a joint vocabulary's `▁of` is also the start of French `offrande`, which makes it no French word."""
+    from fairseq_xmlm.analysis.cli import WORD_START, piece_text
+
+    dictionary = task.dictionary
+    starts_word = torch.zeros(len(dictionary) + 1, dtype=torch.bool)  # the extra id marks each sentence's end
+    for piece_id in range(dictionary.nspecial, len(dictionary)):
+        starts_word[piece_id] = piece_id not in task.special_ids and piece_text(task, lang, piece_id).startswith(
+            WORD_START)
+    ends_word = starts_word.clone()
+    ends_word[-1] = True
+    end = torch.tensor([len(dictionary)])
+    stream = torch.cat([torch.cat([ids, end]) for ids in task.load_split_sentences("train", lang)])
+    whole_words = stream[:-1][starts_word[stream[:-1]] & ends_word[stream[1:]]].unique().tolist()
+    symbols = {piece_text(task, lang, piece_id)[len(WORD_START):]: piece_id for piece_id in whole_words}
+    symbols.pop("", None)  # a lone `▁` (before punctuation, digits ...) is no word
+    return symbols
+
+
+def dictionary_translation(model, task, word_pairs, layers, device=None, max_tokens=8192):
+    """({layer: tau}, number of usable pairs) for a word dictionary [(word of language 0, word of language 1)].
+
+    Usable pairs: both words are one dictionary symbol of their language (`word_symbols`). Every such word of
+    either language is a candidate; a word's vector is the mean-pooled state of `<s> w </s>` under its lang id.
+    tau = P@1 of finding a gold translation of a dictionary word among all candidates of the other language,
+    both directions averaged.
+    """
+    vocabularies = [word_symbols(task, lang) for lang in (0, 1)]
+    pairs = {(vocabularies[0][a], vocabularies[1][b]) for a, b in word_pairs
+             if a in vocabularies[0] and b in vocabularies[1]}
+    if not pairs:
+        raise XmlmError(f"none of the {len(word_pairs)} dictionary pairs has both words as one dictionary symbol of "
+                        f"{task.langs[0]} and {task.langs[1]} (e.g. '▁word'): wrong language pair or direction?")
+    candidates = [sorted(vocabulary.values()) for vocabulary in vocabularies]
+    row = [{piece_id: k for k, piece_id in enumerate(ids)} for ids in candidates]
+    gold = torch.zeros(len(candidates[0]), len(candidates[1]), dtype=torch.bool)
+    for a, b in pairs:
+        gold[row[0][a], row[1][b]] = True
+    device = torch.device(device) if device else model_device(model)
+    encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device, max_tokens)
+    with _EvalMode(model):
+        vectors = [encoder.pooled([task.sentence_input(torch.tensor([w]), lang) for w in candidates[lang]], lang)
+                   for lang in (0, 1)]
+    return {layer: precision_at_1(vectors[0][layer], vectors[1][layer], gold=gold) for layer in layers}, len(pairs)
+
+
+def bilingual_scores(model, task, first, second, layers=(0, 8), device=None, word_pairs=None, max_tokens=8192):
+    """Retrieval rho on parallel sentences and, given a word dictionary, translation tau per layer, and mu, of a
+    model of two real languages. Alignment F1 needs gold word alignments, which parallel verses lack: None.
+    Returns the schema of `multilinguality_scores` ("n_words": usable dictionary pairs, None without one)."""
+    # the dictionary first: an unusable one fails before the longer retrieval pass
+    translation, n_pairs = (dictionary_translation(model, task, word_pairs, layers, device, max_tokens)
+                            if word_pairs is not None else (dict.fromkeys(layers), None))
+    retrieval = parallel_retrieval(model, task, first, second, layers, device, max_tokens)
+    per_layer = {layer: {"align_f1": None, "retrieval": retrieval[layer], "translation": translation[layer]}
+                 for layer in layers}
+    return {
+        "mu": multilinguality_score(per_layer),
+        "mu_parts": list(multilinguality_parts(per_layer)),
+        "layers": {str(layer): scores for layer, scores in per_layer.items()},
+        "n_sentences": len(first),
+        "n_words": n_pairs,
+    }
+
+
+def mask_symbol(task, lang):
+    """The mask id language `lang` trains with: Fake-English's own <mask> under shift-special, else the one <mask>."""
+    return task.specials_of(lang)[2] if hasattr(task, "specials_of") else task.mask_idx
+
+
 def split_perplexity(model, task, sentences_by_lang, device=None, mask_prob=0.15, seed=1, max_tokens=8192):
-    """Masked-LM perplexity (base e) over the sentences of both languages: {lang: [English piece ids]}.
+    """Masked-LM perplexity (base e) over the sentences of the given languages: {lang: [piece ids]} (Fake-English:
+    English piece ids, `task.sentence_input` builds the Fake side).
 
     `mask_prob` of the word tokens, chosen with a fixed seed, are replaced by the mask symbol only (no keep /
     random); the loss is taken on those tokens.
@@ -314,7 +468,7 @@ def split_perplexity(model, task, sentences_by_lang, device=None, mask_prob=0.15
         inputs += [task.sentence_input(s, lang) for s in sentences]
         langs += [lang] * len(sentences)
     masked = mask_positions([~torch.isin(x, special) for x in inputs], mask_prob, seed)
-    mask_ids = torch.tensor([task.specials_of(lang)[2] for lang in (0, 1)])  # Fake's own <mask> under shift-special
+    mask_ids = torch.tensor([mask_symbol(task, lang) for lang in range(len(task.langs))])
     pad = task.dictionary.pad()
 
     def batches():

@@ -102,16 +102,13 @@ def train_command(data, save_dir, langs, setting, preset, extra):
 
 
 def retrieval_by_layer(model, task, split="test"):
-    """{layer: P@1} of finding a verse's translation among the split's verses by cosine of mean-pooled states."""
-    from fairseq_xmlm.evaluation.multilinguality import PairedEncoder, precision_at_1
+    """{layer: P@1} of finding a verse's translation among the split's verses by cosine of mean-pooled states
+    (xmlm-eval-mult's retrieval rho, at every layer)."""
+    from fairseq_xmlm.evaluation.multilinguality import parallel_retrieval, parallel_sentences
 
-    first, second = ([task.sentence_input(s, lang) for s in task.load_split_sentences(split, lang)] for lang in (0, 1))
-    layers = tuple(range(len(model.layers) + 1))
-    encoder = PairedEncoder(model, torch.tensor(sorted(task.special_ids)), task.dictionary.pad(), layers,
-                            next(model.parameters()).device)
-    with torch.no_grad():
-        pooled, _ = encoder.pooled_and_aligned(first, second, langs=(0, 1))
-    return {str(layer): precision_at_1(*pooled[layer]) for layer in layers}
+    layers = range(len(model.layers) + 1)
+    retrieval = parallel_retrieval(model, task, *parallel_sentences(task, split), layers)
+    return {str(layer): value for layer, value in retrieval.items()}
 
 
 def evaluate_row(checkpoint, genre_langs=None, genre_args=()):

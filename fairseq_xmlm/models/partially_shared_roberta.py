@@ -235,6 +235,8 @@ class PartiallySharedRoberta(BaseFairseqModel):
         """
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
         keep = src_tokens.ne(self.padding_idx)[:, None, None, :]
+        if src_tokens.is_cuda and bool(keep.all()):
+            keep = None  # no padding (full 256-token streams): SDPA may then use the flash kernel, masks rule it out
         x = self.embed(src_tokens, lang_ids)
         states = [x]
         x = self.dropout(x)
