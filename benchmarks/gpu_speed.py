@@ -14,8 +14,9 @@ and compilation) and updates/s its `ups`. Sections:
               within-language random words (Conneau config, Bible en-fr).
 - multigpu:   fairseq's own DDP over NCCL on 1, 2, ... GPUs (--gpus), Conneau config, batch 96 per GPU:
               ours and stock, scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
-- pack:       Dufter's small run packed N at a time on one GPU (fairseq_xmlm.gpu_pack), aggregate updates/s, and
-              BERT-base ("overparam") alone.
+- alone:      Dufter's small run and BERT-base ("overparam") alone, updates/s.
+- pack:       Dufter's small run packed N at a time on one GPU (fairseq_xmlm.gpu_pack): wall time, aggregate
+              updates/s (start-up included, as in a real sweep).
 
 Logs go to OUT/logs/<run>.log, the figures to OUT/summary.json (rewritten after every run, so a run cut off by
 the time limit keeps what it measured).
@@ -230,12 +231,16 @@ def section_multigpu(b, synth, gpus):
         b.ratio(f"ours / stock {n}gpu", f"multi_ours_{n}gpu", f"multi_stock_{n}gpu")
 
 
-def section_pack(b, fake_data, slots, runs, updates):
-    from fairseq_xmlm.gpu_pack import run_packed
-
+def section_alone(b, fake_data, updates):
+    """Dufter's small run and BERT-base ("overparam") alone on the GPU: the baselines of the pack section."""
     b.train("pack_alone_small", dufter_args(fake_data), updates, 50, BERT_SMALL | {"tokens": 30}, vocab=FAKE_VOCAB)
     b.train("pack_alone_bertbase", dufter_args(fake_data, "xmlm_bert_base"), 300, 50, BERT_BASE | {"tokens": 30},
             vocab=FAKE_VOCAB)
+
+
+def section_pack(b, fake_data, slots, runs, updates):
+    from fairseq_xmlm.gpu_pack import run_packed
+
     cmd = [sys.executable, "-m", "fairseq_cli.train", *dufter_args(fake_data), "--max-update", str(updates),
            "--no-save", "--disable-validation", "--log-format", "json", "--log-interval", "100"]
     commands = [cmd + ["--seed", str(i + 1)] for i in range(runs)]
@@ -270,6 +275,8 @@ def main():
         section_strategies(b, args.fake_data, args.bible_data)
     if "multigpu" in sections:
         section_multigpu(b, synth, [int(g) for g in args.gpus.split(",")])
+    if "alone" in sections:
+        section_alone(b, args.fake_data, args.pack_updates)
     if "pack" in sections:
         section_pack(b, args.fake_data, args.pack_slots, args.pack_runs, args.pack_updates)
     print(json.dumps(b.results, indent=1))

@@ -9,9 +9,9 @@ import json
 import logging
 from pathlib import Path
 
-import matplotlib
+logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its import-time DEBUG lines are noise
 
-logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font-cache DEBUG lines are noise
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
