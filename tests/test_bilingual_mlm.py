@@ -74,7 +74,7 @@ def test_languages_are_sampled_by_sentence_share_to_the_power_0_7(unequal_data):
     assert share[1] < 0.25
     np.testing.assert_allclose(dataset.language_probabilities, expected)
 
-    stream_langs = np.array([lang for _, lang in dataset.items])
+    stream_langs = dataset.langs
     batches = LanguageBatches(stream_langs, dataset.language_probabilities, batch_size=8, seed=1, resample=True)
     drawn = np.concatenate([stream_langs[np.concatenate(batches(dataset, epoch))] for epoch in range(1, 41)])
     assert abs(drawn.mean() - expected[1]) < 0.01
@@ -102,7 +102,8 @@ def test_every_batch_is_one_language_and_carries_its_id(unequal_data):
 def test_streams_are_256_token_blocks_starting_with_bos(bible_en_fr_data):
     task = BilingualMLMTask.setup_task(BilingualMLMConfig(data=str(bible_en_fr_data), langs="en,fr", seed=1))
     task.load_dataset("valid_en")
-    items = task.datasets["valid_en"].items
+    dataset = task.datasets["valid_en"]
+    items = [(dataset[i]["tokens"], dataset[i]["lang"]) for i in range(len(dataset))]
     assert {lang for _, lang in items} == {0}
     assert all(tokens[0] == task.dictionary.bos() and len(tokens) <= 256 for tokens, _ in items)
     assert sum(len(tokens) == 256 for tokens, _ in items) >= len(items) - 1
@@ -116,7 +117,7 @@ def french_replacements(data, random_replace):
     task = make_task(data, random_replace=random_replace, replacement_probs="0,0,1", mask_prob=0.5)
     task.load_dataset("train")
     dataset = task.datasets["train"]
-    french = [i for i, (_, lang) in enumerate(dataset.items) if lang == 1][:300]
+    french = [i for i, lang in enumerate(dataset.langs) if lang == 1][:300]
     batch = dataset.collater([dataset[i] for i in french])
     targets = batch["target"].ne(task.dictionary.pad())
     return batch["net_input"]["src_tokens"][targets], batch["target"][targets], task

@@ -147,7 +147,8 @@ def test_no_parallel_halves_are_disjoint(fake_english_data):
     task = make_task(fake_english_data, no_parallel=True)
     sentences = task.load_split_sentences("train")
     task.load_dataset("train")
-    items = task.datasets["train"].items
+    dataset = task.datasets["train"]
+    items = [(dataset[i]["tokens"], dataset[i]["lang"]) for i in range(len(dataset))]
     english = {tuple(t[1:-1].tolist()) for t, lang in items if lang == 0}
     fake = {tuple((t[1:-1] - task.english_size).tolist()) for t, lang in items if lang == 1}
     half = len(sentences) // 2
@@ -207,3 +208,26 @@ def test_training_run_per_flag_loads_back_with_every_layer(name, fake_english_da
     states = model.encode_layers(tokens, torch.tensor([0, 1]))
     assert len(states) == 13 and states[8].shape == (2, len(ids) + 2, model.cfg.encoder_embed_dim)
     assert all(torch.isfinite(s).all() for s in states)
+
+
+WORKER_SCRIPT = """
+import sys, torch
+from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask
+task = FakeEnglishTask.setup_task(FakeEnglishConfig(data=sys.argv[1], seed=1))
+task.load_dataset("train")
+iterator = task.get_batch_iterator(task.datasets["train"], max_sentences=256, seed=1, num_workers=1)
+loader = iterator.next_epoch_itr(shuffle=True)
+print(sum(batch["nsentences"] for batch in loader))
+"""
+
+
+def test_a_data_loader_worker_serves_every_sentence_of_an_epoch(fake_english_data, tmp_path):
+    """Masking runs in the collater, so in data-loader worker processes: a real worker serves the whole epoch."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "workers.py"
+    script.write_text(WORKER_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), str(fake_english_data)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout.split()[-1]) == 2 * len(make_task(fake_english_data).load_split_sentences("train"))

@@ -9,6 +9,7 @@ Then results/dufter/table1.md, table2.md and the figures (PNG) are written from 
 import argparse
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,11 +19,17 @@ from fairseq_xmlm.errors import XmlmError, cli_errors
 from fairseq_xmlm.evaluation.tables import RUNS, TABLE1_IDS, TABLE2_IDS, write_tables
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+
+
+def module(name):
+    """`python -m NAME`: works where the console scripts are not installed (e.g. a GPU machine with PYTHONPATH)."""
+    return [sys.executable, "-m", name]
+
 SEEDS = (0, 42, 43, 100, 101)  # the paper's seeds (Table 9)
 PRESETS = {
     # paper: 100 epochs, 5 seeds, the whole 10k-sentence dev set
-    "full": {"epochs": 100, "seeds": 5, "eval_sentences": None, "eval_train_sentences": None, "validate_every": 500},
+    "full": {"epochs": 100, "seeds": 5, "eval_sentences": None, "eval_train_sentences": None, "validate_every": 500,
+             "valid_steps": 20},
     # a CPU afternoon: the same runs, short and once, perplexity and mu on subsets
     "quick": {"epochs": 3, "seeds": 1, "eval_sentences": 1000, "eval_train_sentences": 2000, "validate_every": 50,
               "valid_steps": 10},
@@ -64,8 +71,8 @@ def ensure_data(data, dry_run):
     if (data / "dict.txt").exists():
         return
     bible = REPO / "data" / "bible_dufter"
-    run([BIN / "xmlm-fetch-bible", "--versions", "en:3,en_kjv:k", "--out", bible], dry_run)
-    run([BIN / "xmlm-prepare", "fake-english", "--bible-dir", bible, "--out", data], dry_run)
+    run([*module("fairseq_xmlm.data.bible"), "--versions", "en:3,en_kjv:k", "--out", bible], dry_run)
+    run([*module("fairseq_xmlm.data.prepare"), "fake-english", "--bible-dir", bible, "--out", data], dry_run)
 
 
 def updates_per_epoch(data, no_parallel, batch_size):
@@ -80,14 +87,15 @@ def updates_per_epoch(data, no_parallel, batch_size):
     return math.ceil((1 if no_parallel else 2) * sentences / batch_size)
 
 
-def train_command(run_id, seed, data, save_dir, preset, knn_table):
+def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()):
     spec = RUNS[run_id]
     epochs = preset["epochs"] * spec.epoch_factor
     batch_size = preset.get("batch_size", BATCH_SIZE)
     total = epochs * updates_per_epoch(data, "--no-parallel" in spec.flags, batch_size)
     # Untrained rows: xmlm-untrained saves the update-0 model that fairseq-train would start from.
     command = [
-        BIN / ("xmlm-untrained" if spec.untrained else "fairseq-train"), data, "--user-dir", REPO / "fairseq_xmlm", "--task", "fake_english",
+        *module("fairseq_xmlm.untrained" if spec.untrained else "fairseq_cli.train"), data,
+        "--user-dir", REPO / "fairseq_xmlm", "--task", "fake_english",
         "--criterion", "masked_lm", "--optimizer", "adam", "--adam-eps", "1e-6", "--weight-decay", "0.01",
         "--batch-size", batch_size, "--save-dir", save_dir, "--seed", seed, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", "10",
@@ -112,7 +120,7 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table):
         command += ["--max-valid-steps", preset["valid_steps"]]
     if os.environ.get("XMLM_CPU", "") == "1" or not _has_cuda():
         command += ["--cpu", "--num-workers", "0"]
-    return command + extra
+    return command + extra + list(train_args)
 
 
 def _has_cuda():
@@ -121,7 +129,7 @@ def _has_cuda():
     return torch.cuda.is_available()
 
 
-def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run):
+def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args=()):
     run_dir = runs_dir / run_id / f"seed{seed}"
     result = run_dir / "eval.json"
     if result.exists():
@@ -134,8 +142,9 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run):
     if not checkpoint.exists() or not (run_dir / "train.log").exists():
         if not dry_run:
             shutil.rmtree(save_dir, ignore_errors=True)  # a half-finished training restarts from scratch
-        run(train_command(run_id, seed, data, save_dir, preset, knn_table), dry_run, run_dir / "train.log")
-    evaluate = [BIN / "xmlm-eval-mult", checkpoint, "--data", data, "--json", result]
+        run(train_command(run_id, seed, data, save_dir, preset, knn_table, train_args), dry_run,
+            run_dir / "train.log")
+    evaluate = [*module("fairseq_xmlm.evaluation.eval_mult"), checkpoint, "--data", data, "--json", result]
     if preset["eval_sentences"]:
         evaluate += ["--max-sentences", preset["eval_sentences"]]
     if preset["eval_train_sentences"]:
@@ -182,6 +191,8 @@ def main(argv=None):
     parser.add_argument("--data", default=str(REPO / "data-bin" / "fake_english"))
     parser.add_argument("--results", default=str(REPO / "results" / "dufter"))
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--train-args", default="",
+                        help="extra fairseq-train options, e.g. '--fp16 --optimizer xmlm_adamw --num-workers 2'")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
@@ -194,11 +205,11 @@ def main(argv=None):
     ensure_data(data, args.dry_run)
     knn_table = results / "knn_table.pt"
     if any(RUNS[run_id].needs_knn for run_id in ids) and not knn_table.exists():
-        run([BIN / "xmlm-build-knn", "--data", data, "--fake-english", "--k", KNN_NEIGHBOURS, "--out", knn_table],
+        run([*module("fairseq_xmlm.knn_table"), "--data", data, "--fake-english", "--k", KNN_NEIGHBOURS, "--out", knn_table],
             args.dry_run)
     for run_id in ids:
         for seed in seeds:
-            run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run)
+            run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run, shlex.split(args.train_args))
     if args.dry_run:
         return
     for path in write_tables(runs_dir, results, ids=ids):

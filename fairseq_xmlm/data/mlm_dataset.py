@@ -5,17 +5,22 @@ from fairseq.data import FairseqDataset, data_utils
 
 
 class MaskedLanguageDataset(FairseqDataset):
-    """Items are `(tokens, lang)` from `items`; the collater pads them and corrupts the batch with `masker`.
+    """Items are `(tokens, lang)` pairs; the collater pads them and corrupts the batch with `masker`.
 
     Masks depend only on (seed, epoch, the batch's smallest item id): the same seed gives the same masks per
     epoch, whatever the number of data-loader workers. `mask_ids[lang]` is the mask symbol of each language and
     `candidate_set[lang]` the row of the masker's random-candidate table that language draws from.
     """
 
-    def __init__(self, items, sizes, pad, masker, mask_ids, candidate_set, seed, shuffle=True):
+    def __init__(self, items, pad, masker, mask_ids, candidate_set, seed, shuffle=True):
         super().__init__()
-        self.items = items
-        self.sizes = np.asarray(sizes, dtype=np.int64)
+        # One flat buffer + offsets rather than a list of tensors: one array to pickle or share with data-loader
+        # workers instead of one object per sentence.
+        self.sizes = np.array([len(tokens) for tokens, _ in items], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        self.tokens = np.concatenate([np.asarray(tokens, dtype=np.int64) for tokens, _ in items]) if items else \
+            np.zeros(0, dtype=np.int64)
+        self.langs = np.array([lang for _, lang in items], dtype=np.int64)
         self.pad = pad
         self.masker = masker
         self.mask_ids = torch.as_tensor(mask_ids, dtype=torch.long)
@@ -25,8 +30,8 @@ class MaskedLanguageDataset(FairseqDataset):
         self.epoch = 1
 
     def __getitem__(self, index):
-        tokens, lang = self.items[index]
-        return {"id": index, "tokens": tokens, "lang": lang}
+        tokens = torch.from_numpy(self.tokens[self.offsets[index]:self.offsets[index + 1]])
+        return {"id": index, "tokens": tokens, "lang": int(self.langs[index])}
 
     def __len__(self):
         return len(self.sizes)

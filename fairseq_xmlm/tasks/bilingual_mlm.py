@@ -193,7 +193,7 @@ class BilingualMLMTask(FairseqTask):
         use_within = self.cfg.random_replace == "within"
         candidate_set = list(range(len(self.langs))) if use_within else [0] * len(self.langs)
         dataset = MaskedLanguageDataset(
-            items, [len(t) for t, _ in items], self.dictionary.pad(), self.build_masker(),
+            items, self.dictionary.pad(), self.build_masker(),
             [self.mask_idx] * len(self.langs), candidate_set, seed=self.cfg.seed, shuffle=base == "train",
         )
         probabilities = np.zeros(len(self.langs))
@@ -211,8 +211,7 @@ class BilingualMLMTask(FairseqTask):
         if not batch_size:
             raise XmlmError("bilingual_mlm needs --batch-size or --max-tokens")
         dataset.set_epoch(epoch)
-        stream_langs = [lang for _, lang in dataset.items]
-        batches = LanguageBatches(stream_langs, dataset.language_probabilities, batch_size, seed,
+        batches = LanguageBatches(dataset.langs, dataset.language_probabilities, batch_size, seed,
                                   resample=dataset.shuffle)
         return iterators.EpochBatchIterator(
             dataset=dataset, collate_fn=dataset.collater, batch_sampler=batches, seed=seed, num_shards=num_shards,

@@ -166,7 +166,7 @@ class FakeEnglishTask(FairseqTask):
         items = [(self.sentence_input(s, 0), 0) for s in english] + [(self.sentence_input(s, 1), 1) for s in fake]
         mask_ids = [self.specials_of(0)[2], self.specials_of(1)[2]]
         self.datasets[split] = MaskedLanguageDataset(
-            items, [len(t) for t, _ in items], self.dictionary.pad(), self.build_masker(), mask_ids, [0, 0],
+            items, self.dictionary.pad(), self.build_masker(), mask_ids, [0, 0],
             seed=self.cfg.seed, shuffle=split == "train",
         )
         logger.info(f"fake_english {split}: {len(english)} English + {len(fake)} Fake sentences")
