@@ -224,9 +224,11 @@ def section_multigpu(b, synth, gpus):
             dist = ["--distributed-world-size", str(n), "--ddp-backend", "pytorch_ddp"] if n > 1 else []
             b.train(f"multi_{kind}_{n}gpu", argv + dist, u, 50, CONNEAU, env=env, gpus=n)
         for n in gpus[1:]:
-            b.ratio(f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)", f"multi_{kind}_{n}gpu", f"multi_{kind}_1gpu")
-            b.results["ratios"][f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)"] /= n
-            b.save()
+            key = f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)"
+            b.ratio(key, f"multi_{kind}_{n}gpu", f"multi_{kind}_1gpu")
+            if key in b.results.get("ratios", {}):  # absent when a run failed
+                b.results["ratios"][key] /= n
+                b.save()
     for n in gpus:
         b.ratio(f"ours / stock {n}gpu", f"multi_ours_{n}gpu", f"multi_stock_{n}gpu")
 
