@@ -24,7 +24,7 @@ def test_sentence_retrieval_recovers_a_rotated_copy():
 
 def test_sentence_and_cka_on_a_real_checkpoint(fake_english_checkpoint, tmp_path):
     ckpt = str(fake_english_checkpoint)
-    sentence = cli.main(["sentence", "--model-a", ckpt, "--lang-a", "0", "--lang-b", "1", "--out", str(tmp_path),
+    sentence = cli.run(["sentence", "--model-a", ckpt, "--lang-a", "0", "--lang-b", "1", "--out", str(tmp_path),
                          *SMALL])
     written = json.loads((tmp_path / "sentence.json").read_text())
     assert written == json.loads(json.dumps(sentence))
@@ -34,13 +34,13 @@ def test_sentence_and_cka_on_a_real_checkpoint(fake_english_checkpoint, tmp_path
     assert all(0 <= r["a_to_b"] <= 1 and 0 <= r["b_to_a"] <= 1 for r in layers)
 
     # English against English under the same model: identical vectors, perfect scores at every layer
-    same = cli.main(["cka", "--model-a", ckpt, "--lang-a", "0", "--lang-b", "0", "--out", str(tmp_path), *SMALL])
+    same = cli.run(["cka", "--model-a", ckpt, "--lang-a", "0", "--lang-b", "0", "--out", str(tmp_path), *SMALL])
     assert same["cka"] == pytest.approx([1.0] * len(layers))
     assert min(same["retrieval_p1"]) > 0.95
     assert max(same["cka_random"][1:]) < 0.999  # a random encoder is not the trained one
     assert (tmp_path / "cka.png").exists()
 
-    bilingual = cli.main(["cka", "--model-a", ckpt, "--out", str(tmp_path), *SMALL])
+    bilingual = cli.run(["cka", "--model-a", ckpt, "--out", str(tmp_path), *SMALL])
     assert len(bilingual["cka"]) == len(layers) and all(0 <= v <= 1 for v in bilingual["cka"])
     assert json.loads((tmp_path / "cka.json").read_text())["pearson_cka_retrieval"] == \
         pytest.approx(bilingual["pearson_cka_retrieval"], nan_ok=True)
@@ -71,7 +71,7 @@ def test_word_translation_on_a_real_checkpoint(fake_english_checkpoint, tmp_path
     write_identity_dictionaries(fake_english_checkpoint, tmp_path)
     common = ["--model-a", str(fake_english_checkpoint), "--out", str(tmp_path), "--fasttext-dim", "32",
               "--fasttext-epochs", "5", "--max-sentences", "300", "--device", "cpu"]
-    result = cli.main(["word", *common, "--dict-train", str(tmp_path / "train.txt"),
+    result = cli.run(["word", *common, "--dict-train", str(tmp_path / "train.txt"),
                        "--dict-test", str(tmp_path / "test.txt")])
     assert json.loads((tmp_path / "word.json").read_text())["contextual"] == result["contextual"]
     assert (tmp_path / "word.png").exists()

@@ -372,8 +372,8 @@ def run_cka(args):
     return result
 
 
-@cli_errors
-def main(argv=None):
+def run(argv=None):
+    """The command without the console wrapper: returns the result dict (errors raise XmlmError)."""
     parser = argparse.ArgumentParser(prog="xmlm-analyze", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, run in (("word", run_word), ("sentence", run_sentence), ("cka", run_cka)):
@@ -399,6 +399,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     return args.run(args)
+
+
+@cli_errors
+def main(argv=None):
+    run(argv)  # returns None: the console-script wrapper exits with main()'s return value
 
 
 if __name__ == "__main__":

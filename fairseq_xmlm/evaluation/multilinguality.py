@@ -282,18 +282,21 @@ def _special_tensor(task):
 
 
 class _EvalMode:
-    """no_grad + eval() for the duration, restoring the previous training flag (the hook runs mid-training)."""
+    """inference_mode + eval() for the duration, restoring the previous training flag (the hook runs mid-training).
+
+    inference_mode rather than no_grad: no version counters or views tracked, measurably faster on the CPU.
+    """
 
     def __init__(self, model):
-        self.model, self.no_grad = model, torch.no_grad()
+        self.model, self.inference = model, torch.inference_mode()
 
     def __enter__(self):
         self.was_training = self.model.training
         self.model.eval()
-        self.no_grad.__enter__()
+        self.inference.__enter__()
 
     def __exit__(self, *exc):
-        self.no_grad.__exit__(*exc)
+        self.inference.__exit__(*exc)
         self.model.train(self.was_training)
 
 
