@@ -64,7 +64,7 @@ for lang in fr de ru zh en_prime; do
   if [[ $lang =~ ^(fr|de|ru)$ ]]; then
     dict=$OUT/dicts/en-$lang.txt
     [[ -f $dict ]] || "$BIN/xmlm-fetch-dict" --pair "en-$lang" --vocab data/bible/en.txt \
-      --tgt-vocab "data/bible/$lang.txt" --test-size 300 --out "$dict"
+      --tgt-vocab "data/bible/$lang.txt" --test-size 100 --out "$dict"
     dicts=("$dict" "$dict.test")
   fi
   analyze "en-$lang" "$lang" "${dicts[@]}"

@@ -248,17 +248,14 @@ def write_json(path, payload):
 
 
 def save_figure(figure, path):
-    import matplotlib.pyplot as plt
+    from fairseq_xmlm.evaluation.figures import plt
 
     write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
     plt.close(figure)
 
 
 def plot_retrieval(per_layer, title, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fairseq_xmlm.evaluation.figures import plt  # Agg backend, quiet matplotlib logging
 
     figure, axis = plt.subplots(figsize=(5, 3.2))
     layers = range(len(per_layer))
@@ -270,10 +267,7 @@ def plot_retrieval(per_layer, title, path):
 
 
 def plot_word(result, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fairseq_xmlm.evaluation.figures import plt  # Agg backend, quiet matplotlib logging
 
     figure, axis = plt.subplots(figsize=(5, 3.2))
     layers = range(len(result["contextual"]))
@@ -287,10 +281,7 @@ def plot_word(result, path):
 
 
 def plot_cka_heatmap(rows, labels, title, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fairseq_xmlm.evaluation.figures import plt  # Agg backend, quiet matplotlib logging
 
     values = np.array([row + [float(np.mean(row))] for row in rows])
     figure, axis = plt.subplots(figsize=(1.0 + 0.6 * values.shape[1], 0.8 + 0.5 * len(rows)))
