@@ -104,3 +104,13 @@ def bible_en_fr_data(bible_dir, tmp_path_factory):
     prepare_pair(bible_dir, ["en", "fr"], "joint", 600, out, train_books="Mark,Luke", valid_books="Jonah",
                  test_books="Philippians")
     return out
+
+
+def expect_cli_error(capsys, main, argv, message):
+    """A console script's bad input: exit status 2 and ONE stderr line `error: ...` containing `message`."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import fairseq_train
+from conftest import fairseq_train, expect_cli_error
 from fairseq_xmlm.evaluation import eval_mult
 from fairseq_xmlm.evaluation.figures import curves_over_seeds, plot_training_curves
 
@@ -79,25 +79,18 @@ def test_training_logs_multilinguality_curves(fake_english_data, tmp_path):
     assert plot_training_curves({"original": [log_path]}, tmp_path / "fig6.png").stat().st_size > 10_000
 
 
-def expect_error(capsys, argv, message):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        eval_mult.main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and message in err and "\n" not in err
-
-
 def test_checkpoint_of_another_task_is_refused(fake_english_checkpoint, fake_english_data, tmp_path, capsys):
     state = torch.load(fake_english_checkpoint, weights_only=True)
     state["cfg"]["task"]["_name"] = "masked_lm"
     other = tmp_path / "masked_lm.pt"
     torch.save(state, other)
-    expect_error(capsys, [str(other), "--data", str(fake_english_data)], "trained with task 'masked_lm'")
+    expect_cli_error(capsys, eval_mult.main,
+                     [str(other), "--data", str(fake_english_data)], "trained with task 'masked_lm'")
 
 
 def test_bilingual_options_are_refused_for_fake_english(fake_english_checkpoint, fake_english_data, capsys):
-    expect_error(capsys, [str(fake_english_checkpoint), "--data", str(fake_english_data), "--split", "test"],
+    expect_cli_error(capsys, eval_mult.main,
+                     [str(fake_english_checkpoint), "--data", str(fake_english_data), "--split", "test"],
                  "--dict and --split are for bilingual_mlm")
 
 
@@ -106,10 +99,11 @@ def test_dev_data_of_another_dictionary_is_refused(fake_english_checkpoint, bibl
 
     other = tmp_path / "small_vocab"
     prepare_fake_english(bible_dir, other, vocab_size=500, valid_size=20)
-    expect_error(capsys, [str(fake_english_checkpoint), "--data", str(other)], "dictionary")
-    expect_error(capsys, [str(tmp_path / "missing.pt"), "--data", str(other)], "does not exist")
+    expect_cli_error(capsys, eval_mult.main, [str(fake_english_checkpoint), "--data", str(other)], "dictionary")
+    expect_cli_error(capsys, eval_mult.main, [str(tmp_path / "missing.pt"), "--data", str(other)], "does not exist")
 
 
 def test_layer_beyond_the_model_is_refused(fake_english_checkpoint, fake_english_data, capsys):
-    expect_error(capsys, [str(fake_english_checkpoint), "--data", str(fake_english_data), "--layers", "0", "13",
+    expect_cli_error(capsys, eval_mult.main,
+                     [str(fake_english_checkpoint), "--data", str(fake_english_data), "--layers", "0", "13",
                           "--max-sentences", "5"], "layer 13 does not exist")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import fairseq_train
+from conftest import fairseq_train, expect_cli_error
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.evaluation import eval_mult
 from fairseq_xmlm.evaluation.multilinguality import precision_at_1, word_symbols
@@ -104,21 +104,14 @@ def test_translation_p_at_1_against_a_many_to_many_dictionary():
     assert precision_at_1(sources, candidates, gold=gold) == pytest.approx((1 / 2 + 1 / 2) / 2)
 
 
-def expect_error(capsys, argv, message):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        eval_mult.main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and message in err and "\n" not in err
-
-
 def test_a_dictionary_without_usable_pairs_is_refused(checkpoint, bible_en_fr_data, tmp_path, capsys):
     reversed_dict = tmp_path / "fr-en.txt"
     reversed_dict.write_text("Tetrarchy tétrarchie\nvous you\n", encoding="utf-8")  # no en word of one piece first
-    expect_error(capsys, [str(checkpoint), "--data", str(bible_en_fr_data), "--dict", str(reversed_dict),
+    expect_cli_error(capsys, eval_mult.main,
+                     [str(checkpoint), "--data", str(bible_en_fr_data), "--dict", str(reversed_dict),
                           "--max-sentences", "5"], "none of the 2 dictionary pairs")
-    expect_error(capsys, [str(checkpoint), "--data", str(bible_en_fr_data), "--dict", str(tmp_path / "none.txt")],
+    expect_cli_error(capsys, eval_mult.main,
+                     [str(checkpoint), "--data", str(bible_en_fr_data), "--dict", str(tmp_path / "none.txt")],
                  "does not exist")
 
 
@@ -128,7 +121,7 @@ def test_data_of_other_languages_is_refused(checkpoint, bible_dir, tmp_path, cap
     other = tmp_path / "en_de"
     prepare_pair(bible_dir, ["en", "de"], "joint", 300, other, train_books="Jonah", valid_books="Ruth",
                  test_books="Jude")
-    expect_error(capsys, [str(checkpoint), "--data", str(other)], "holds en, de but")
+    expect_cli_error(capsys, eval_mult.main, [str(checkpoint), "--data", str(other)], "holds en, de but")
 
 
 def test_conneau_table_rows_report_the_same_retrieval(evaluated, checkpoint, bible_en_fr_data):
