@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from fairseq.data import data_utils, iterators
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks import register_task
 from omegaconf import II
 
+from fairseq_xmlm.tasks._shared_dictionary import SharedDictionaryTask
 from fairseq_xmlm.data.mlm_dataset import MaskedLanguageDataset
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.masking import Masker, candidate_table, parse_replacement_probs
@@ -86,7 +87,7 @@ class LanguageBatches:
 
 
 @register_task("bilingual_mlm", dataclass=BilingualMLMConfig)
-class BilingualMLMTask(FairseqTask):
+class BilingualMLMTask(SharedDictionaryTask):
     lang_pos = False
 
     def __init__(self, cfg, dictionary, langs):
@@ -221,11 +222,3 @@ class BilingualMLMTask(FairseqTask):
 
     def max_positions(self):
         return self.cfg.tokens_per_sample
-
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary

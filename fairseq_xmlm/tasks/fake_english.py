@@ -14,9 +14,10 @@ import torch
 from fairseq import metrics
 from fairseq.data import Dictionary, data_utils
 from fairseq.dataclass import FairseqDataclass
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks import register_task
 from omegaconf import II
 
+from fairseq_xmlm.tasks._shared_dictionary import SharedDictionaryTask
 from fairseq_xmlm.data.mlm_dataset import MaskedLanguageDataset
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.masking import Masker, candidate_table, parse_replacement_probs
@@ -103,7 +104,7 @@ def load_knn_table(path, dictionary, k):
 
 
 @register_task("fake_english", dataclass=FakeEnglishConfig)
-class FakeEnglishTask(FairseqTask):
+class FakeEnglishTask(SharedDictionaryTask):
     langs = ("en", "fake")
 
     def __init__(self, cfg, english):
@@ -119,6 +120,7 @@ class FakeEnglishTask(FairseqTask):
         self.special_ids = set(english_specials) | {i + v for i in english_specials}
         self.replacement_probs = resolve_replacement_probs(cfg)
         self._mult_scores = {}
+        self._mult_sentences = None
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
@@ -174,14 +176,6 @@ class FakeEnglishTask(FairseqTask):
     def max_positions(self):
         return self.cfg.tokens_per_sample
 
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary
-
     # ---- multilinguality during training (Dufter Fig. 6/7 from one run) ----
     def begin_valid_epoch(self, epoch, model):
         if not self.cfg.eval_multilinguality:
@@ -189,12 +183,10 @@ class FakeEnglishTask(FairseqTask):
         from fairseq_xmlm.evaluation.multilinguality import multilinguality_scores
 
         layers = [int(x) for x in self.cfg.eval_mult_layers.split(",")]
-        sentences = self.load_split_sentences("valid")[: self.cfg.eval_mult_sentences]
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            scores = multilinguality_scores(model, self, sentences, layers)
-        model.train(was_training)
+        if self._mult_sentences is None:  # read once, not at every validation
+            self._mult_sentences = self.load_split_sentences("valid")[: self.cfg.eval_mult_sentences]
+        # multilinguality_scores switches to eval/inference mode itself and restores training mode
+        scores = multilinguality_scores(model, self, self._mult_sentences, layers)
         self._mult_scores = {"mu": scores["mu"]}
         for layer, parts in scores["layers"].items():
             for name, value in parts.items():

@@ -26,8 +26,9 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model
 from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks import register_task
 
+from fairseq_xmlm.tasks._shared_dictionary import SharedDictionaryTask
 from fairseq_xmlm.errors import XmlmError
 
 HEAD_GROUP = "head"  # value of the `lr_group` attribute that marks the classifier's parameters
@@ -76,7 +77,7 @@ class SentencePairDataset(FairseqDataset):
 
 
 @register_task("zeroshot_sentence_classification", dataclass=ZeroshotSentenceClassificationConfig)
-class ZeroshotSentenceClassificationTask(FairseqTask):
+class ZeroshotSentenceClassificationTask(SharedDictionaryTask):
     def __init__(self, cfg, encoder, pretraining_task):
         super().__init__(cfg)
         from fairseq_xmlm.zeroshot.subwords import PieceEncoder
@@ -119,14 +120,6 @@ class ZeroshotSentenceClassificationTask(FairseqTask):
 
     def max_positions(self):
         return self.pretrained_encoder.max_positions()
-
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary
 
 
 @dataclass
