@@ -140,8 +140,9 @@ class Bench:
 COMMON = ["--criterion", "masked_lm", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "20",
           "--total-num-update", "100000", "--dropout", "0.1", "--attention-dropout", "0.1", "--weight-decay", "0.01",
           "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6", "--num-workers", "4"]
-OURS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--amp-bf16"]
-FAST = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--fp16"]
+# ours: the host-sync-free criterion (target positions found by the collater) over COMMON's stock masked_lm
+OURS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--amp-bf16", "--criterion", "xmlm_masked_lm"]
+FAST = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--fp16", "--criterion", "xmlm_masked_lm"]
 
 
 def stock_args(data, m):
@@ -163,7 +164,7 @@ def dufter_args(data, model="xmlm_bert_small", extra=()):
     """Dufter & Schuetze's training setup: batch 256 sentences, AdamW lr 2e-3, wd .01, eps 1e-6, 50 warmup."""
     lr = "1e-4" if model == "xmlm_bert_base" else "2e-3"
     return [data, "--user-dir", "fairseq_xmlm", "--task", "fake_english", "--arch", model, "--criterion",
-            "masked_lm", "--batch-size", "256", "--tokens-per-sample", "128", "--optimizer", "xmlm_adamw",
+            "xmlm_masked_lm", "--batch-size", "256", "--tokens-per-sample", "128", "--optimizer", "xmlm_adamw",
             "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr", lr, "--lr-scheduler", "polynomial_decay",
             "--warmup-updates", "50", "--total-num-update", "6900", "--fp16", "--num-workers", "2", *extra]
 
@@ -171,12 +172,17 @@ def dufter_args(data, model="xmlm_bert_small", extra=()):
 def section_single(b, synth):
     """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in xmlm_adamw) and with --compile; stock
     in fp16 (and fp32 for BERT-small). `--amp-bf16` is slower than --fp16 here (autocast re-casts every weight and
-    activation each step); set BENCH_BF16=1 to measure it too."""
+    activation each step); set BENCH_BF16=1 to measure it too. BENCH_MODELS=conneau (or bertsmall) runs one model
+    only, BENCH_COMPILE=0 skips --compile."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
-    variants = [("fp16", FAST), ("fp16_compile", FAST + ["--compile"])]
+    variants = [("fp16", FAST)] + ([("fp16_compile", FAST + ["--compile"])] if os.environ.get("BENCH_COMPILE", "1") == "1"
+                                   else [])
     if os.environ.get("BENCH_BF16"):
         variants.append(("bf16", OURS))
+    models = os.environ.get("BENCH_MODELS", "conneau,bertsmall").split(",")
     for prefix, model, stocks in (("conneau", CONNEAU, ["fp16"]), ("bertsmall", BERT_SMALL, ["fp32", "fp16"])):
+        if prefix not in models:
+            continue
         for precision in stocks:
             b.train(f"{prefix}_stock_{precision}", stock_args(synth, model) + (["--fp16"] if precision == "fp16" else []),
                     u, 50, model)

@@ -64,8 +64,8 @@ class Masker:
         return Masker(self.mask_prob, self.probs, move(self.special_ids), move(self.random_candidates),
                       move(self.random_counts), move(self.knn_neighbours))
 
-    def __call__(self, tokens, mask_ids, candidate_set, generator, pad):
-        return mask_batch(tokens, mask_ids, candidate_set, generator, pad, self)
+    def __call__(self, tokens, mask_ids, candidate_set, generator, pad, row_probs=None):
+        return mask_batch(tokens, mask_ids, candidate_set, generator, pad, self, row_probs)
 
 
 def choose_targets(maskable, mask_prob, generator):
@@ -83,17 +83,20 @@ def choose_targets(maskable, mask_prob, generator):
     return (rank < n_targets.unsqueeze(1)) & maskable
 
 
-def mask_batch(tokens, mask_ids, candidate_set, generator, pad, masker):
+def mask_batch(tokens, mask_ids, candidate_set, generator, pad, masker, row_probs=None):
     """Corrupt a padded batch `tokens` (B, T).
 
     mask_ids (B,) the mask symbol of each row's language; candidate_set (B,) the random-candidate set of each row.
+    row_probs (B, 4): each row's own (mask, keep, random, knn) probabilities instead of `masker.probs` (rows of
+    several runs masked in one call; `masker.probs` must then be > 0 wherever some row's is).
     Returns (inputs, targets): targets hold the original token at target positions and `pad` elsewhere.
     """
     maskable = ~torch.isin(tokens, masker.special_ids)
     targets_at = choose_targets(maskable, masker.mask_prob, generator)
 
-    probs = torch.tensor(masker.probs, device=tokens.device)
-    how = torch.multinomial(probs, tokens.numel(), replacement=True, generator=generator).view_as(tokens)
+    if row_probs is None:
+        row_probs = torch.tensor(masker.probs, device=tokens.device).expand(tokens.size(0), 4)
+    how = torch.multinomial(row_probs, tokens.size(1), replacement=True, generator=generator)
 
     inputs = tokens.clone()
     mask_symbol = mask_ids.unsqueeze(1).expand_as(tokens)

@@ -17,12 +17,23 @@ ARGS = ["--max-sentences", "200", "--max-train-sentences", "200"]
 @pytest.fixture(scope="module")
 def evaluated(fake_english_checkpoint, fake_english_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "eval.json"
-    result = eval_mult.run([str(fake_english_checkpoint), "--data", str(fake_english_data), "--json", str(out), *ARGS])
-    return result, out
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the CPU evaluation runs 2 single-threaded workers, then gives torch its 2 back
+    try:
+        result = eval_mult.run([str(fake_english_checkpoint), "--data", str(fake_english_data), "--json", str(out),
+                                *ARGS])
+        threads_after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+    return result, out, threads_after
+
+
+def test_evaluation_gives_torch_its_threads_back(evaluated):
+    assert evaluated[2] == 2
 
 
 def test_json_schema_and_value_ranges(evaluated, fake_english_checkpoint):
-    result, out = evaluated
+    result, out, _ = evaluated
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
     assert set(written) == {"checkpoint", "task", "mu", "mu_parts", "layers", "ppl", "n_sentences", "n_words"}

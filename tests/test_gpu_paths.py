@@ -1,5 +1,7 @@
 """The speed paths give the plain path's results: compiled layers, bf16 autocast, xmlm_adamw, sync-free embedding
-lookup, and the GPU packer. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
+lookup, the GPU packer, and one batch iterator (with its workers) for the whole run. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
+import json
+import subprocess
 import sys
 from argparse import Namespace
 
@@ -147,3 +149,43 @@ def test_gpu_pack_runs_everything_with_bounded_slots_and_names_failures(tmp_path
     commands[3] = [sys.executable, "-c", script, str(marker), "3"]
     with pytest.raises(XmlmError, match=r"1 of 5 packed runs failed; see .*3\.log"):
         run_packed(commands, slots=3, log_dir=tmp_path / "logs2", poll_s=0.02)
+
+
+EPOCHS_SCRIPT = """
+import hashlib, json, sys
+from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask
+task = FakeEnglishTask.setup_task(FakeEnglishConfig(data=sys.argv[1], seed=1))
+task.load_dataset("train")
+dataset = task.datasets["train"]
+iterators, epochs = set(), []
+for epoch in (1, 2):  # what fairseq-train does per epoch: trainer.get_train_iterator(epoch), then next_epoch_itr
+    iterator = task.get_batch_iterator(dataset, max_sentences=256, seed=1, num_workers=int(sys.argv[2]), epoch=epoch)
+    iterators.add(id(iterator))
+    epochs.append([(b["id"].tolist(), hashlib.md5(b["net_input"]["src_tokens"].numpy().tobytes()
+                                                   + b["target"].numpy().tobytes()).hexdigest())
+                   for b in iterator.next_epoch_itr(shuffle=True)])
+print(json.dumps({"iterators": len(iterators), "items": len(dataset), "epochs": epochs}))
+"""
+
+
+def test_one_iterator_serves_every_epoch_with_new_batches_and_masks_whatever_the_workers(fake_english_data, tmp_path):
+    """Persistent data-loader workers still see each new epoch; worker count changes nothing."""
+    script = tmp_path / "epochs.py"
+    script.write_text(EPOCHS_SCRIPT)
+    runs = []
+    for workers in (0, 2):
+        result = subprocess.run([sys.executable, str(script), str(fake_english_data), str(workers)],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs.append(json.loads(result.stdout.splitlines()[-1]))
+    assert runs[0] == runs[1]
+    run = runs[0]
+    assert run["iterators"] == 1  # reused: no new data-loader workers per epoch
+    first, second = ([(frozenset(ids), digest) for ids, digest in epoch] for epoch in run["epochs"])
+    for epoch in (first, second):
+        assert sorted(i for ids, _ in epoch for i in ids) == list(range(run["items"]))
+    # New batches: only batches of (length, language) groups too small to shuffle may come back whole ...
+    same_batches = {ids for ids, _ in first} & {ids for ids, _ in second}
+    assert len(same_batches) < len(first) // 4
+    # ... and even those get new masks.
+    assert not {digest for _, digest in first} & {digest for _, digest in second}

@@ -190,3 +190,35 @@ def test_perplexity_is_base_e():
     tokens = torch.tensor([[1]])
     batch = (tokens, torch.tensor([0]), torch.tensor([[True]]), torch.tensor([2]))
     assert masked_perplexity(lambda *_: logits, [batch]) == pytest.approx(math.exp(-math.log(0.25)))
+
+
+def test_workers_change_nothing_but_the_speed():
+    """Batches spread over threads come back in input order; counts and the NLL sum add up in batch order."""
+    torch.manual_seed(0)
+    encoder_model = TokenEmbeddingEncoder(vocab=40, dim=8)
+    bos, eos, pad = 0, 2, 1
+    lengths = [9, 1, 4, 12, 2, 7, 7, 3, 15, 5]
+    sentences = [torch.tensor([bos, *torch.randint(3, 40, (n,)).tolist(), eos]) for n in lengths]
+    twins = [torch.tensor([bos, *reversed(s[1:-1].tolist()), eos]) for s in sentences]
+    results = {}
+    for workers in (1, 3):
+        encoder = PairedEncoder(encoder_model, torch.tensor([bos, eos, pad]), pad, (0, 1), torch.device("cpu"),
+                                max_tokens=20, workers=workers)
+        results[workers] = (*encoder.pooled_and_aligned(sentences, twins, gold_reversed=True),
+                            encoder.pooled(sentences, lang=1))
+    (pooled_1, counts_1, single_1), (pooled_3, counts_3, single_3) = results[1], results[3]
+    assert counts_1 == counts_3 and counts_1[0][2] == sum(lengths)
+    for layer in (0, 1):
+        assert all(torch.equal(a, b) for a, b in zip(pooled_1[layer], pooled_3[layer]))
+        assert torch.equal(single_1[layer], single_3[layer])
+        assert torch.allclose(single_1[layer], pooled_1[layer][1], atol=1e-6)  # twins: the same pieces, reversed
+
+    vocab = 12
+    batches = [(torch.randint(0, vocab, (2, 6)), torch.tensor([0, 1]), torch.rand(2, 6) < 0.5, torch.tensor([11, 11]))
+               for _ in range(7)]
+    logits = torch.randn(vocab)
+
+    def predict(inputs, lang_ids, positions):
+        return logits.expand(int(positions.sum()), vocab)
+
+    assert masked_perplexity(predict, batches, workers=3) == masked_perplexity(predict, batches)

@@ -1,18 +1,22 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
-    python examples/dufter/run.py [full|quick] [--seeds N] [--ids 0,1,...] [--dry-run]
+    python examples/dufter/run.py [full|quick] [--seeds N] [--ids 0,1,...] [--dry-run] [--gpu-pack]
 
 For every run ID (tables.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
 into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
 Then results/dufter/table1.md, table2.md and the figures (PNG) are written from whatever results exist.
+With --gpu-pack every pending run is trained at once as stacked models (fairseq_xmlm.packed_training) and the
+evaluations run side by side: the whole of Tables 1 and 2 on one GPU.
 """
 import argparse
+import json
 import math
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
@@ -96,7 +100,7 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
     command = [
         *module("fairseq_xmlm.untrained" if spec.untrained else "fairseq_cli.train"), data,
         "--user-dir", REPO / "fairseq_xmlm", "--task", "fake_english",
-        "--criterion", "masked_lm", "--optimizer", "adam", "--adam-eps", "1e-6", "--weight-decay", "0.01",
+        "--criterion", "xmlm_masked_lm", "--optimizer", "adam", "--adam-eps", "1e-6", "--weight-decay", "0.01",
         "--batch-size", batch_size, "--save-dir", save_dir, "--seed", seed, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", "10",
     ]
@@ -129,27 +133,83 @@ def _has_cuda():
     return torch.cuda.is_available()
 
 
+def checkpoint_of(run_id, run_dir):
+    name = "checkpoint_untrained.pt" if RUNS[run_id].untrained else "checkpoint_last.pt"
+    return run_dir / "checkpoints" / name
+
+
+def evaluate_command(run_id, run_dir, data, preset):
+    command = [*module("fairseq_xmlm.evaluation.eval_mult"), checkpoint_of(run_id, run_dir), "--data", data,
+               "--json", run_dir / "eval.json"]
+    if preset["eval_sentences"]:
+        command += ["--max-sentences", preset["eval_sentences"]]
+    if preset["eval_train_sentences"]:
+        command += ["--max-train-sentences", preset["eval_train_sentences"]]
+    return command
+
+
+def trained(run_id, run_dir):
+    return checkpoint_of(run_id, run_dir).exists() and (run_dir / "train.log").exists()
+
+
 def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args=()):
     run_dir = runs_dir / run_id / f"seed{seed}"
-    result = run_dir / "eval.json"
-    if result.exists():
-        log(f"run {run_id} seed {seed}: done already ({result})")
+    if (run_dir / "eval.json").exists():
+        log(f"run {run_id} seed {seed}: done already ({run_dir / 'eval.json'})")
         return
     save_dir = run_dir / "checkpoints"
-    checkpoint = save_dir / ("checkpoint_untrained.pt" if RUNS[run_id].untrained else "checkpoint_last.pt")
     if not dry_run:
         run_dir.mkdir(parents=True, exist_ok=True)
-    if not checkpoint.exists() or not (run_dir / "train.log").exists():
+    if not trained(run_id, run_dir):
         if not dry_run:
             shutil.rmtree(save_dir, ignore_errors=True)  # a half-finished training restarts from scratch
         run(train_command(run_id, seed, data, save_dir, preset, knn_table, train_args), dry_run,
             run_dir / "train.log")
-    evaluate = [*module("fairseq_xmlm.evaluation.eval_mult"), checkpoint, "--data", data, "--json", result]
-    if preset["eval_sentences"]:
-        evaluate += ["--max-sentences", preset["eval_sentences"]]
-    if preset["eval_train_sentences"]:
-        evaluate += ["--max-train-sentences", preset["eval_train_sentences"]]
-    run(evaluate, dry_run)
+    run(evaluate_command(run_id, run_dir, data, preset), dry_run)
+
+
+def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run):
+    """--gpu-pack: the untrained checkpoints side by side, every trained run through fairseq_xmlm.packed_training
+    (stacked models, one process per group), then the evaluations side by side; prints and saves the stage times."""
+    from fairseq_xmlm.gpu_pack import run_packed
+
+    results.mkdir(parents=True, exist_ok=True)
+    stages, untrained, commands = {}, [], []
+    for run_id, seed in pending:
+        run_dir = runs_dir / run_id / f"seed{seed}"
+        if trained(run_id, run_dir):
+            continue
+        command = train_command(run_id, seed, data, run_dir / "checkpoints", preset, knn_table)
+        if RUNS[run_id].untrained:
+            untrained.append(command)
+        else:
+            commands.append(command + ["--log-file", run_dir / "train.log"])
+    evaluations = [evaluate_command(run_id, runs_dir / run_id / f"seed{seed}", data, preset) for run_id, seed in pending]
+    if dry_run:
+        for command in untrained + commands + evaluations:
+            log("+ " + " ".join(map(str, command)))
+        return
+    started = time.perf_counter()
+    if untrained:
+        run_packed([list(map(str, c)) for c in untrained], slots, results / "logs" / "untrained")
+    stages["untrained_s"] = time.perf_counter() - started
+    if commands:
+        from fairseq_xmlm.packed_training import train_side_by_side
+
+        train_side_by_side([list(map(str, c)) for c in commands], results / "pack", max_group, slots=slots)
+    stages["training_s"] = time.perf_counter() - started - stages["untrained_s"]
+    run_packed([list(map(str, c)) for c in evaluations], slots, results / "logs" / "eval")
+    stages["total_s"] = time.perf_counter() - started
+    stages["evaluation_s"] = stages["total_s"] - stages["training_s"] - stages["untrained_s"]
+    stages.update(runs=len(pending), trained_runs=len(commands), device=_device_name())
+    (results / "packed_timing.json").write_text(json.dumps(stages, indent=1))
+    log("gpu-pack: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in stages.items()))
+
+
+def _device_name():
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def write_figures(runs_dir, out_dir, data):
@@ -193,6 +253,12 @@ def main(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--train-args", default="",
                         help="extra fairseq-train options, e.g. '--fp16 --optimizer xmlm_adamw --num-workers 2'")
+    parser.add_argument("--gpu-pack", action="store_true",
+                        help="train every run as stacked models in one process (fairseq_xmlm.packed_training, bf16), "
+                             "evaluate side by side; --train-args do not apply")
+    parser.add_argument("--pack-slots", type=int, default=0,
+                        help="--gpu-pack: evaluations / untrained runs at a time (0: CPU cores / 2)")
+    parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
@@ -207,9 +273,17 @@ def main(argv=None):
     if any(RUNS[run_id].needs_knn for run_id in ids) and not knn_table.exists():
         run([*module("fairseq_xmlm.knn_table"), "--data", data, "--fake-english", "--k", KNN_NEIGHBOURS, "--out", knn_table],
             args.dry_run)
-    for run_id in ids:
-        for seed in seeds:
-            run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run, shlex.split(args.train_args))
+    if args.gpu_pack:
+        if args.train_args:
+            raise XmlmError("--train-args apply to fairseq-train runs, not to --gpu-pack")
+        pending = [(run_id, seed) for run_id in ids for seed in seeds
+                   if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
+        slots = args.pack_slots or max(1, (os.cpu_count() or 2) // 2)
+        run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, args.pack_max_group, args.dry_run)
+    else:
+        for run_id in ids:
+            for seed in seeds:
+                run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run, shlex.split(args.train_args))
     if args.dry_run:
         return
     for path in write_tables(runs_dir, results, ids=ids):

@@ -43,6 +43,18 @@ def log(message):
     print(message, file=sys.stderr, flush=True)
 
 
+def clock():
+    """(wall, CPU of this process over all its threads) seconds, for `took`."""
+    return time.perf_counter(), time.process_time()
+
+
+def took(started):
+    """Wall and CPU seconds since `started` (a `clock()`); wall well above CPU / cores: the cores were busy with
+    other work."""
+    wall, cpu = clock()
+    return f"{wall - started[0]:.1f}s, CPU {cpu - started[1]:.1f}s"
+
+
 def checkpoint_task_config(path):
     """The task config a checkpoint was trained with, read before anything is built (memory-mapped, weights only):
     its name, the data directory it trained on and (bilingual_mlm) its languages."""
@@ -107,16 +119,16 @@ def sentences_by_language(task, split):
 def evaluate(model, task, layers=(0, 8), max_sentences=None, max_train_sentences=None, seed=1, device=None):
     """The eval-mult result dict (without "checkpoint") for a loaded fake_english model and task."""
     dev = task.load_split_sentences("valid")[:max_sentences]
-    started = time.time()
+    started = clock()
     result = multilinguality_scores(model, task, dev, layers, device)
     log(f"eval-mult: multilinguality on {len(dev)} dev sentences, {result['n_words']} words "
-        f"({time.time() - started:.1f}s)")
+        f"({took(started)})")
     result["ppl"] = {}
     for split, limit in (("train", max_train_sentences), ("valid", max_sentences)):
-        started = time.time()
+        started = clock()
         by_lang = {lang: sentences[:limit] for lang, sentences in sentences_by_language(task, split).items()}
         result["ppl"][split] = split_perplexity(model, task, by_lang, device, seed=seed)
-        log(f"eval-mult: {split} perplexity {result['ppl'][split]:.1f} ({time.time() - started:.1f}s)")
+        log(f"eval-mult: {split} perplexity {result['ppl'][split]:.1f} ({took(started)})")
     return result
 
 
@@ -126,24 +138,24 @@ def evaluate_bilingual(model, task, layers=(0, 8), split="valid", max_sentences=
     languages 0 and 1; `dictionary` a MUSE file of word pairs l0 -> l1 (None: no tau)."""
     first, second = parallel_sentences(task, split, max_sentences)
     word_pairs = load_muse_dictionary(dictionary) if dictionary else None
-    started = time.time()
+    started = clock()
     result = bilingual_scores(model, task, first, second, layers, device, word_pairs)
     result |= {"langs": list(task.langs[:2]), "split": split,
                "dict": {"path": dictionary, "pairs": len(word_pairs), "usable_pairs": result["n_words"]}
                if dictionary else None}
     log(f"eval-mult: retrieval on {len(first)} parallel {split} sentences"
         + (f", translation of {result['n_words']} of {len(word_pairs)} dictionary pairs" if dictionary else "")
-        + f" ({time.time() - started:.1f}s)")
+        + f" ({took(started)})")
     per_lang = {}
     for lang in (0, 1):
         name = task.langs[lang]
         per_lang[name] = {}
         for ppl_split, limit in (("train", max_train_sentences), ("valid", max_sentences)):
-            started = time.time()
+            started = clock()
             sentences = task.load_split_sentences(ppl_split, lang)[:limit]
             per_lang[name][ppl_split] = split_perplexity(model, task, {lang: sentences}, device, seed=seed)
             log(f"eval-mult: {name} {ppl_split} perplexity {per_lang[name][ppl_split]:.1f} "
-                f"({time.time() - started:.1f}s)")
+                f"({took(started)})")
     result["ppl"] = {ppl_split: sum(p[ppl_split] for p in per_lang.values()) / len(per_lang)
                      for ppl_split in ("train", "valid")}
     result["ppl_per_lang"] = per_lang

@@ -16,6 +16,7 @@ does the same for two real languages (`bilingual_mlm`): rho on parallel sentence
 `split_perplexity` serves both tasks.
 """
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -158,21 +159,24 @@ def mask_positions(maskable, prob, seed):
     return chosen
 
 
-def masked_perplexity(predict, batches):
+def masked_perplexity(predict, batches, workers=1):
     """exp(mean NLL) over masked tokens, base e.
 
     predict(src_tokens, lang_ids, masked) -> logits (n_masked, V) for the masked positions, in row-major order.
     batches: iterable of (tokens (B,T), lang_ids (B,), masked (B,T) bool, mask_ids (B,)); the masked positions
-    of `tokens` are replaced by the row's mask id, the loss is taken on those positions only.
+    of `tokens` are replaced by the row's mask id, the loss is taken on those positions only. `workers`: threads
+    that predict batches side by side (`ordered_map`); the sum runs in batch order whatever their number.
     """
-    total_nll, n_tokens = 0.0, 0
-    for tokens, lang_ids, masked, mask_ids in batches:
+    def batch_nll(batch):
+        tokens, lang_ids, masked, mask_ids = batch
         if not masked.any():
-            continue
+            return 0.0, 0
         inputs = torch.where(masked, mask_ids.unsqueeze(1).expand_as(tokens), tokens)
         logits = predict(inputs, lang_ids, masked)
-        total_nll += float(F.cross_entropy(logits.float(), tokens[masked], reduction="sum"))
-        n_tokens += int(masked.sum())
+        return float(F.cross_entropy(logits.float(), tokens[masked], reduction="sum")), int(masked.sum())
+
+    per_batch = ordered_map(batch_nll, batches, workers)
+    total_nll, n_tokens = sum(nll for nll, _ in per_batch), sum(n for _, n in per_batch)
     if n_tokens == 0:
         raise XmlmError("perplexity: no token was masked (empty or all-special sentences)")
     return math.exp(total_nll / n_tokens)
@@ -181,6 +185,25 @@ def masked_perplexity(predict, batches):
 # --------------------------------------------------------------------------------------------------------------
 # Glue: a model and a task -> the scores
 # --------------------------------------------------------------------------------------------------------------
+def ordered_map(function, items, workers):
+    """[function(item) for item in items], spread over `workers` threads, each call under inference_mode (grad
+    mode is per thread).
+
+    A small model's batches go fastest on CPU through single-threaded workers, one batch each (`_EvalMode` sets
+    torch to one thread): torch's own threads split every small op and wait for each other after it, and when
+    another process shares the cores, one descheduled thread stalls them all (BERT-small on 2 busy cores: 2.5x
+    the CPU time of one thread). torch releases the GIL inside its ops, so the workers truly run side by side.
+    """
+    def call(item):
+        with torch.inference_mode():
+            return function(item)
+
+    if workers <= 1:
+        return [call(item) for item in items]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(call, items))
+
+
 def pad_batch(sequences, pad):
     """List of 1-D LongTensors -> (B, T) right-padded with `pad`."""
     return torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=pad)
@@ -212,6 +235,7 @@ class PairedEncoder:
     layers: tuple
     device: torch.device
     max_tokens: int = 8192
+    workers: int = 1  # threads encoding batches side by side (`ordered_map`)
 
     def _states(self, inputs, lang):
         tokens = pad_batch(inputs, self.pad).to(self.device)
@@ -223,39 +247,45 @@ class PairedEncoder:
         keep = ~torch.isin(tokens, self.special_ids.to(self.device))
         return states, keep
 
+    def _paired_batch(self, inputs_a, inputs_b, langs, gold_reversed):
+        """{layer: (pooled A, pooled B)} and {layer: alignment counts} (None when gold_reversed is) of one batch."""
+        states_a, keep_a = self._states(inputs_a, langs[0])
+        states_b, keep_b = self._states(inputs_b, langs[1])
+        pooled, counts = {}, ({} if gold_reversed is not None else None)
+        for layer in self.layers:
+            pooled[layer] = (mean_pool(states_a[layer], keep_a).float().cpu(),
+                             mean_pool(states_b[layer], keep_b).float().cpu())
+            if gold_reversed is not None:
+                words_a, len_a = compact_tokens(states_a[layer], keep_a)
+                words_b, len_b = compact_tokens(states_b[layer], keep_b)
+                gold = gold_alignment(len_a, reversed_order=gold_reversed)
+                counts[layer] = mutual_argmax_counts(words_a, words_b, len_a, len_b, gold)
+        return pooled, counts
+
     def pooled_and_aligned(self, inputs_a, inputs_b, langs=(0, 1), gold_reversed=None):
         """Mean-pooled vectors {layer: (A (m,D), B (m,D))} and, unless gold_reversed is None, alignment counts
         {layer: (correct, predicted, gold)} against the identity (or reversed) alignment of the word pieces."""
-        lengths = [max(len(a), len(b)) for a, b in zip(inputs_a, inputs_b)]
-        order, pooled = [], {layer: ([], []) for layer in self.layers}
-        counts = {layer: (0, 0, 0) for layer in self.layers}
-        for batch in length_batches(lengths, self.max_tokens):
-            order.extend(batch)
-            states_a, keep_a = self._states([inputs_a[k] for k in batch], langs[0])
-            states_b, keep_b = self._states([inputs_b[k] for k in batch], langs[1])
-            for layer in self.layers:
-                pooled[layer][0].append(mean_pool(states_a[layer], keep_a).float().cpu())
-                pooled[layer][1].append(mean_pool(states_b[layer], keep_b).float().cpu())
-                if gold_reversed is not None:
-                    words_a, len_a = compact_tokens(states_a[layer], keep_a)
-                    words_b, len_b = compact_tokens(states_b[layer], keep_b)
-                    gold = gold_alignment(len_a, reversed_order=gold_reversed)
-                    batch_counts = mutual_argmax_counts(words_a, words_b, len_a, len_b, gold)
-                    counts[layer] = tuple(t + c for t, c in zip(counts[layer], batch_counts))
-        position = _input_positions(order)
-        stacked = {layer: (torch.cat(a)[position], torch.cat(b)[position]) for layer, (a, b) in pooled.items()}
-        return stacked, (counts if gold_reversed is not None else None)
+        batches = length_batches([max(len(a), len(b)) for a, b in zip(inputs_a, inputs_b)], self.max_tokens)
+        per_batch = ordered_map(lambda batch: self._paired_batch(
+            [inputs_a[k] for k in batch], [inputs_b[k] for k in batch], langs, gold_reversed), batches, self.workers)
+        position = _input_positions([k for batch in batches for k in batch])
+        stacked = {layer: tuple(torch.cat([pooled[layer][side] for pooled, _ in per_batch])[position]
+                                for side in (0, 1)) for layer in self.layers}
+        if gold_reversed is None:
+            return stacked, None
+        return stacked, {layer: tuple(sum(counts[layer][k] for _, counts in per_batch) for k in range(3))
+                         for layer in self.layers}
 
     def pooled(self, inputs, lang):
         """Mean-pooled vectors {layer: (m, D)} of the inputs of ONE language (sets of different sizes)."""
-        order, pooled = [], {layer: [] for layer in self.layers}
-        for batch in length_batches([len(x) for x in inputs], self.max_tokens):
-            order.extend(batch)
+        def pool_batch(batch):
             states, keep = self._states([inputs[k] for k in batch], lang)
-            for layer in self.layers:
-                pooled[layer].append(mean_pool(states[layer], keep).float().cpu())
-        position = _input_positions(order)
-        return {layer: torch.cat(chunks)[position] for layer, chunks in pooled.items()}
+            return {layer: mean_pool(states[layer], keep).float().cpu() for layer in self.layers}
+
+        batches = length_batches([len(x) for x in inputs], self.max_tokens)
+        per_batch = ordered_map(pool_batch, batches, self.workers)
+        position = _input_positions([k for batch in batches for k in batch])
+        return {layer: torch.cat([pooled[layer] for pooled in per_batch])[position] for layer in self.layers}
 
 
 def _input_positions(order):
@@ -285,17 +315,25 @@ class _EvalMode:
     """inference_mode + eval() for the duration, restoring the previous training flag (the hook runs mid-training).
 
     inference_mode rather than no_grad: no version counters or views tracked, measurably faster on the CPU.
+    On CPU torch runs single-threaded meanwhile and `with` gives the number of threads it had, to use as
+    `ordered_map` workers (restored on exit); on GPU one worker.
     """
 
-    def __init__(self, model):
-        self.model, self.inference = model, torch.inference_mode()
+    def __init__(self, model, device):
+        self.model, self.device, self.inference = model, device, torch.inference_mode()
 
     def __enter__(self):
         self.was_training = self.model.training
         self.model.eval()
         self.inference.__enter__()
+        self.threads = torch.get_num_threads()
+        if self.device.type != "cpu":
+            return 1
+        torch.set_num_threads(1)
+        return self.threads
 
     def __exit__(self, *exc):
+        torch.set_num_threads(self.threads)
         self.inference.__exit__(*exc)
         self.model.train(self.was_training)
 
@@ -312,8 +350,9 @@ def word_vectors(model, task, layers=(0,), device=None):
     """The translation vectors of every English word and its twin: (word ids, {layer: (English, Fake)})."""
     words = translation_words(task)
     device = torch.device(device) if device else model_device(model)
-    encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device)
-    with _EvalMode(model):
+    with _EvalMode(model, device) as workers:
+        encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device,
+                                workers=workers)
         return words, encode_words(encoder, task, words)
 
 
@@ -331,9 +370,10 @@ def multilinguality_scores(model, task, sentences, layers=(0, 8), device=None, m
     if not sentences:
         raise XmlmError("multilinguality: no dev sentences to evaluate")
     device = torch.device(device) if device else model_device(model)
-    encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device, max_tokens)
     words = translation_words(task)
-    with _EvalMode(model):
+    with _EvalMode(model, device) as workers:
+        encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device,
+                                max_tokens, workers)
         sentence_vectors, counts = encoder.pooled_and_aligned(
             [task.sentence_input(s, 0) for s in sentences], [task.sentence_input(s, 1) for s in sentences],
             gold_reversed=bool(task.cfg.inv_order))
@@ -375,8 +415,9 @@ def parallel_retrieval(model, task, first, second, layers, device=None, max_toke
     if not first:
         raise XmlmError("retrieval: no parallel sentences to evaluate")
     device = torch.device(device) if device else model_device(model)
-    encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device, max_tokens)
-    with _EvalMode(model):
+    with _EvalMode(model, device) as workers:
+        encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device,
+                                max_tokens, workers)
         pooled, _ = encoder.pooled_and_aligned([task.sentence_input(s, 0) for s in first],
                                                [task.sentence_input(s, 1) for s in second], langs=(0, 1))
     labels = _sentence_labels(first, second)
@@ -426,8 +467,9 @@ def dictionary_translation(model, task, word_pairs, layers, device=None, max_tok
     for a, b in pairs:
         gold[row[0][a], row[1][b]] = True
     device = torch.device(device) if device else model_device(model)
-    encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device, max_tokens)
-    with _EvalMode(model):
+    with _EvalMode(model, device) as workers:
+        encoder = PairedEncoder(model, _special_tensor(task), task.dictionary.pad(), tuple(layers), device,
+                                max_tokens, workers)
         vectors = [encoder.pooled([task.sentence_input(torch.tensor([w]), lang) for w in candidates[lang]], lang)
                    for lang in (0, 1)]
     return {layer: precision_at_1(vectors[0][layer], vectors[1][layer], gold=gold) for layer in layers}, len(pairs)
@@ -483,5 +525,5 @@ def split_perplexity(model, task, sentences_by_lang, device=None, mask_prob=0.15
     def predict(tokens, lang_ids, masked_positions):
         return model(tokens, lang_ids=lang_ids, masked_tokens=masked_positions)[0]
 
-    with _EvalMode(model):
-        return masked_perplexity(predict, batches())
+    with _EvalMode(model, device) as workers:
+        return masked_perplexity(predict, batches(), workers)

@@ -94,7 +94,7 @@ def train_command(data, save_dir, langs, setting, preset, extra):
     return [
         str(Path(sys.executable).parent / "fairseq-train"), str(data), "--user-dir",
         str(Path(__file__).resolve().parents[1]), "--task", "bilingual_mlm", "--langs", ",".join(langs),
-        "--arch", "xmlm_conneau", "--criterion", "masked_lm", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+        "--arch", "xmlm_conneau", "--criterion", "xmlm_masked_lm", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
         "--lr-scheduler", "inverse_sqrt", "--valid-subset", ",".join(f"valid_{lang}" for lang in langs),
         "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "simple",
         "--log-interval", "50", "--seed", "1", *device, *PRESETS[preset]["train"], *setting.train_args, *extra,

@@ -61,6 +61,17 @@ def parse_layer_range(text, num_layers):
     return range(first - 1, last)
 
 
+def avoid_cudnn_attention():
+    """Let SDPA choose flash / memory-efficient / math kernels, not cuDNN's.
+
+    Measured on an H100 (torch 2.11): cuDNN's attention spends 5-10 ms of host time per call building an execution
+    plan whenever the sequence length changes, i.e. at almost every batch of sentences; 24 such calls per update
+    made BERT training wait on the CPU. The other kernels cost microseconds to launch.
+    """
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, dim, heads, dropout):
         super().__init__()
@@ -161,6 +172,7 @@ class PartiallySharedRoberta(BaseFairseqModel):
         # With separate embeddings each language predicts only its own vocabulary.
         self.register_buffer("vocab_masks", vocab_masks if cfg.sep_emb else None)
         self.apply(self._init_weights)
+        avoid_cudnn_attention()
         if cfg.compile:
             for layer_copies in self.layers:
                 for layer in layer_copies:
@@ -255,7 +267,9 @@ class PartiallySharedRoberta(BaseFairseqModel):
         return logits.masked_fill(~self.vocab_masks[lang_of_row], float("-inf"))
 
     def forward(self, src_tokens, lang_ids=None, masked_tokens=None, features_only=False, return_all_hiddens=False,
-                **unused):
+                masked_positions=None, **unused):
+        """Logits of the positions chosen by `masked_tokens` (a (B, T) bool mask) or `masked_positions` (flat
+        indices into B * T, ascending: the same rows, gathered without a host sync), else of every position."""
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
         with bf16_autocast(src_tokens.device, getattr(self.cfg, "amp_bf16", False)):
             states = self.encode_layers(src_tokens, lang_ids)
@@ -264,7 +278,10 @@ class PartiallySharedRoberta(BaseFairseqModel):
             if features_only:
                 return features, extra
             lang_of_token = lang_ids.unsqueeze(1).expand_as(src_tokens)
-            if masked_tokens is not None:
+            if masked_positions is not None:
+                features = features.reshape(-1, features.size(-1)).index_select(0, masked_positions)
+                lang_of_token = lang_of_token.reshape(-1).index_select(0, masked_positions)
+            elif masked_tokens is not None:
                 features, lang_of_token = features[masked_tokens], lang_of_token[masked_tokens]
             logits = self.output_logits(features.reshape(-1, features.size(-1)), lang_of_token.reshape(-1))
         return logits.view(*features.shape[:-1], -1), extra

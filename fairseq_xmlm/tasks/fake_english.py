@@ -119,6 +119,9 @@ class FakeEnglishTask(SharedDictionaryTask):
         english_specials += [i for i in range(english.nspecial, v) if english.count[i] == 0]  # madeupword fillers
         self.special_ids = set(english_specials) | {i + v for i in english_specials}
         self.replacement_probs = resolve_replacement_probs(cfg)
+        # read per sentence: plain attributes, not omegaconf lookups (1 s per 17k sentences)
+        self.max_sentence_tokens, self.inv_order, self.shift_special = cfg.tokens_per_sample, cfg.inv_order, \
+            cfg.shift_special
         self._mult_scores = {}
         self._mult_sentences = None
 
@@ -130,15 +133,15 @@ class FakeEnglishTask(SharedDictionaryTask):
 
     # ---- how a sentence enters the model ----
     def specials_of(self, lang):
-        shift = self.english_size if (lang == 1 and self.cfg.shift_special) else 0
+        shift = self.english_size if (lang == 1 and self.shift_special) else 0
         return self.english.bos() + shift, self.english.eos() + shift, self.mask_idx + shift
 
     def sentence_input(self, ids, lang):
         """English piece ids (no specials) -> the exact training input of that sentence in language `lang`."""
-        ids = torch.as_tensor(ids, dtype=torch.long)[: self.cfg.tokens_per_sample - 2]
+        ids = torch.as_tensor(ids, dtype=torch.long)[: self.max_sentence_tokens - 2]
         if lang == 1:
             ids = ids + self.english_size
-            if self.cfg.inv_order:
+            if self.inv_order:
                 ids = ids.flip(0)
         bos, eos, _ = self.specials_of(lang)
         return torch.cat([ids.new_tensor([bos]), ids, ids.new_tensor([eos])])

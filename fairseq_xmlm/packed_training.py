@@ -1,0 +1,518 @@
+"""Train many Fake-English fairseq-train runs at once on one GPU, as stacked models (`examples/dufter --gpu-pack`).
+
+    python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32]
+
+COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
+fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
+and its task, model (initialised with the command's seed, exactly as fairseq-train does) and training set are built
+by fairseq; runs with the same model shape, optimiser settings and schedule are then trained together as one
+`StackedEncoder`, up to --max-group runs at a time. What each run gets is what fairseq-train would give it:
+
+- batches: the task's batch iterator for that epoch and seed (`ordered_batches`, fairseq's own shuffling);
+- masking: the task's masker (`masking.mask_batch`, each run's replacement probabilities and mask symbols), drawn
+  on the GPU for the whole group at once;
+- loss: cross-entropy summed over the targets / their number (fairseq's masked_lm + trainer normalisation);
+- optimiser: fairseq's `adam` (or torch AdamW for `--optimizer xmlm_adamw`) with decoupled weight decay, the
+  `polynomial_decay` schedule exactly as fairseq's trainer steps it (update k uses the rate of update k-1, so the
+  first update has rate 0), `--clip-norm` per run;
+- logs: fairseq's json records (`train` per epoch, `valid` at `--validate-interval-updates` through the task's
+  `valid_step` / `--eval-multilinguality` hook, `--max-valid-steps` batches), written to the run's `--log-file`;
+- checkpoint: `checkpoint_last.pt` in the run's `--save-dir`, saved by fairseq's Trainer, read by every tool.
+
+Differences, by design: the model computes in bf16 (a bf16 copy of the fp32 master weights, as fairseq's --fp16
+does in fp16; `--precision fp32` for none); the masks and dropout draw from one random stream per group, so a run's exact draws depend on the group
+it was packed in; the optimiser state is not saved (a packed checkpoint is a finished model, not a resume point).
+`tests/test_packed_training.py` checks a packed update against fairseq's own Trainer on the same batches.
+A group is saved when it finishes; rerunning the same commands skips runs whose checkpoint and log exist.
+"""
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+import warnings
+from itertools import islice
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.gpu_pack import read_commands
+from fairseq_xmlm.masking import Masker
+from fairseq_xmlm.optim.xmlm_adamw import parse_betas
+from fairseq_xmlm.stacked_encoder import StackedEncoder, check_stackable
+
+SUPPORTED = {"task": ("fake_english",), "criterion": ("masked_lm", "xmlm_masked_lm"),
+             "optimizer": ("adam", "xmlm_adamw"), "lr_scheduler": ("polynomial_decay",)}
+
+
+class Run:
+    """One fairseq-train command: its parsed config, and once `build()` ran, the task, the model initialised with
+    the command's seed, the criterion and the training set, as fairseq-train builds them."""
+
+    def __init__(self, argv, cfg):
+        self.argv, self.cfg = list(argv), cfg
+        self.task = self.model = self.criterion = None
+        self.updates_per_epoch = self.total_updates = None
+
+    @property
+    def log_path(self):
+        return self.cfg.common.log_file
+
+    @property
+    def checkpoint_path(self):
+        return os.path.join(self.cfg.checkpoint.save_dir, "checkpoint_last.pt")
+
+    def done(self):
+        return os.path.exists(self.checkpoint_path) and os.path.exists(self.log_path)
+
+    def build(self):
+        from fairseq import tasks, utils
+
+        cfg = self.cfg
+        utils.import_user_module(cfg.common)
+        utils.set_torch_seed(cfg.common.seed)
+        self.task = tasks.setup_task(cfg.task)
+        self.model = self.task.build_model(cfg.model)
+        check_stackable(self.model)
+        self.criterion = self.task.build_criterion(cfg.criterion)
+        self.task.load_dataset("train")
+        self.updates_per_epoch = len(epoch_batches(self, 1))
+        total = self.updates_per_epoch * cfg.optimization.max_epoch if cfg.optimization.max_epoch else math.inf
+        self.total_updates = min(total, cfg.optimization.max_update or math.inf)
+        if self.total_updates == math.inf:
+            raise XmlmError("packed training needs --max-epoch or --max-update")
+        return self
+
+
+def strip_program(argv):
+    """Drop `fairseq-train` / `python -m fairseq_cli.train` from the front of a command line."""
+    for i, word in enumerate(argv):
+        if word == "fairseq_cli.train" or os.path.basename(word) == "fairseq-train":
+            return argv[i + 1:]
+    return argv
+
+
+def parse_run(argv):
+    """fairseq's own parser and config conversion for one fairseq-train command line; unsupported settings fail."""
+    from fairseq import options, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+
+    def refuse(message):  # argparse would print its whole usage text and exit
+        raise XmlmError(f"packed command {shlex.join(argv)[:80]}...: {message}")
+
+    parser.error = refuse
+    args = options.parse_args_and_arch(parser, input_args=strip_program(argv))
+    with warnings.catch_warnings():  # hydra's deprecation notices, five per command
+        warnings.simplefilter("ignore", UserWarning)
+        cfg = convert_namespace_to_omegaconf(args)
+    for section, names in SUPPORTED.items():
+        chosen = getattr(cfg, section)._name
+        if chosen not in names:
+            raise XmlmError(f"packed training supports --{section.replace('_', '-')} {'|'.join(names)}, "
+                            f"got {chosen}")
+    if not cfg.common.log_file or not cfg.checkpoint.save_dir:
+        raise XmlmError("each packed command needs --save-dir and --log-file")
+    if cfg.optimization.update_freq != [1] or not cfg.dataset.batch_size or cfg.dataset.max_tokens:
+        raise XmlmError("packed training needs --batch-size (no --max-tokens, no --update-freq)")
+    if cfg.model.sep_emb or cfg.model.sep_layers:
+        raise XmlmError("packed training supports shared embeddings and layers only (no --sep-emb / --sep-layers)")
+    utils.import_user_module(cfg.common)
+    return Run(argv, cfg)
+
+
+def epoch_batches(run, epoch):
+    """fairseq's batches for `epoch` as arrays of item ids, in the order fairseq-train would feed them (the dataset's
+    batches are of slots that it maps to items per epoch: `MaskedLanguageDataset.item_of_slot`)."""
+    cfg, dataset = run.cfg, run.task.dataset("train")
+    iterator = run.task.get_batch_iterator(
+        dataset=dataset, max_tokens=None, max_sentences=cfg.dataset.batch_size,
+        max_positions=run.task.max_positions(), required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=cfg.common.seed, epoch=epoch, num_workers=0)
+    dataset.set_epoch(epoch)
+    items = dataset.item_of_slot()
+    return [np.asarray(b) if items is None else items[np.asarray(b)]
+            for b in iterator.ordered_batches(epoch, False, True)]
+
+
+def group_key(run):
+    """Runs with equal keys step together: one model shape, one schedule, one optimiser, one training-set size,
+    one seed. fairseq's batches depend only on the seed and the sizes, so a group's runs get identical batches
+    (sentence ids and lengths) at every step: stacking them costs no padding."""
+    c, t, m = run.cfg, run.cfg.task, run.cfg.model
+    return (c.common.seed, m.encoder_layers, m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_attention_heads,
+            m.activation_fn, m.dropout, m.attention_dropout, t.lang_pos, t.no_parallel, t.data, t.mask_prob,
+            t.tokens_per_sample, c.optimizer._name, adam_betas(c.optimizer), c.optimizer.adam_eps,
+            c.optimizer.weight_decay, tuple(c.optimization.lr), c.optimization.clip_norm, c.optimization.max_epoch,
+            c.optimization.max_update, c.lr_scheduler.warmup_updates, c.lr_scheduler.total_num_update,
+            c.lr_scheduler.end_learning_rate, c.lr_scheduler.power, c.dataset.batch_size)
+
+
+def adam_betas(optimizer_cfg):
+    betas = optimizer_cfg.adam_betas
+    return parse_betas(betas) if isinstance(betas, str) else tuple(float(b) for b in betas)  # fairseq: a list
+
+
+def learning_rate(update, sched, peak):
+    """The rate fairseq's trainer uses for update `update` (1-based): polynomial_decay at update - 1."""
+    done = update - 1
+    if sched.warmup_updates > 0 and done <= sched.warmup_updates:
+        return peak * done / sched.warmup_updates
+    if done >= sched.total_num_update:
+        return sched.end_learning_rate
+    remaining = 1 - (done - sched.warmup_updates) / (sched.total_num_update - sched.warmup_updates)
+    return (peak - sched.end_learning_rate) * remaining ** sched.power + sched.end_learning_rate
+
+
+class AdamState:
+    """Adam over the flat (N, P) buffers: fairseq's `adam` formula, or torch AdamW's (`xmlm_adamw`)."""
+
+    def __init__(self, flat, betas, eps, weight_decay, torch_style):
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(flat), torch.zeros_like(flat)
+        self.betas, self.eps, self.weight_decay, self.torch_style = betas, eps, weight_decay, torch_style
+        self.step_count = 0
+
+    def step(self, params, grads, lr):
+        beta1, beta2 = self.betas
+        self.step_count += 1
+        self.exp_avg.mul_(beta1).add_(grads, alpha=1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grads, grads, value=1 - beta2)
+        correction1, correction2 = 1 - beta1 ** self.step_count, 1 - beta2 ** self.step_count
+        if self.torch_style:  # torch.optim.AdamW: eps added after the bias correction
+            denom = (self.exp_avg_sq.sqrt() / math.sqrt(correction2)).add_(self.eps)
+            step_size = lr / correction1
+            params.mul_(1 - lr * self.weight_decay)
+        else:  # fairseq.optim.adam: eps added before it
+            denom = self.exp_avg_sq.sqrt().add_(self.eps)
+            step_size = lr * math.sqrt(correction2) / correction1
+            params.add_(params, alpha=-self.weight_decay * lr)
+        params.addcdiv_(self.exp_avg, denom, value=-step_size)
+
+
+def clip_per_run(grads, max_norm):
+    """fairseq's --clip-norm, each run (row of the flat gradient) on its own norm."""
+    norms = grads.norm(dim=1, keepdim=True)
+    grads.mul_((max_norm / (norms + 1e-6)).clamp(max=1.0))
+
+
+def max_targets(sizes, mask_prob):
+    """An upper bound (on the host, no GPU sync) of the targets `choose_targets` picks in a batch of these sizes:
+    floor(p * n + u) <= floor(p * n) + 1 per sentence, n <= size - 2 maskable tokens (bos and eos never are)."""
+    return int(np.sum(np.floor(mask_prob * np.maximum(sizes - 2, 0)) + 1))
+
+
+class GroupData:
+    """Every run's training set on the device as an (N, items + 1, L) padded matrix; the extra item is a blank row
+    (bos then padding: nothing to mask, nothing to learn) that fills runs whose batch is short."""
+
+    def __init__(self, runs, device):
+        datasets = [run.task.dataset("train") for run in runs]
+        if len({len(d) for d in datasets}) != 1:
+            raise XmlmError("runs packed together must have training sets of one size")
+        width = max(int(d.sizes.max()) for d in datasets)
+        pad, bos = runs[0].task.dictionary.pad(), runs[0].task.dictionary.bos()
+        tokens = np.full((len(runs), len(datasets[0]) + 1, width), pad, dtype=np.int64)
+        tokens[:, -1, 0] = bos
+        for slot, d in enumerate(datasets):
+            for i in range(len(d)):
+                tokens[slot, i, :d.sizes[i]] = d.tokens[d.offsets[i]:d.offsets[i + 1]]
+        self.blank = len(datasets[0])
+        self.sizes = [np.append(d.sizes, 1) for d in datasets]
+        self.tokens = torch.from_numpy(tokens).to(device)
+        self.langs = torch.from_numpy(np.stack([np.append(d.langs, 0) for d in datasets])).to(device)
+        self.mask_ids = torch.stack([d.mask_ids for d in datasets]).to(device)  # (N, languages)
+        maskers = [d.masker for d in datasets]
+        for m in maskers[1:]:
+            if not (torch.equal(m.special_ids, maskers[0].special_ids)
+                    and torch.equal(m.random_candidates, maskers[0].random_candidates)):
+                raise XmlmError("runs packed together must share special symbols and random-word candidates")
+        knn = next((m.knn_neighbours for m in maskers if m.knn_neighbours is not None), None)
+        for m in maskers:
+            if m.knn_neighbours is not None and not torch.equal(m.knn_neighbours, knn):
+                raise XmlmError("runs packed together must share one knn table")
+        probs = torch.tensor([m.probs for m in maskers])
+        first = maskers[0]
+        # one masker for the group: every replacement any run uses is switched on; rows carry their run's probs
+        self.masker = Masker(first.mask_prob, tuple(probs.max(0).values.tolist()), first.special_ids,
+                             first.random_candidates, first.random_counts, knn).to(device)
+        self.row_probs = probs.to(device)
+        self.candidate_set = datasets[0].candidate_set.to(device)
+        self.pad = pad
+
+    def batch(self, indices, generator):
+        """indices: one array of item ids per run -> (inputs, langs, positions, target ids, has_padding, ntokens)."""
+        n, width = len(indices), max(len(i) for i in indices)
+        rows = np.full((n, width), self.blank, dtype=np.int64)
+        for slot, ids in enumerate(indices):
+            rows[slot, :len(ids)] = ids
+        sizes = np.stack([self.sizes[slot][rows[slot]] for slot in range(n)])
+        length = int(sizes.max())
+        has_padding = bool((sizes < length).any())
+        budget = max(max_targets(s, self.masker.mask_prob) for s in sizes)
+        rows_t = torch.from_numpy(rows)
+        if self.tokens.is_cuda:  # pinned: the copy queues behind the GPU's work instead of waiting for it
+            rows_t = rows_t.pin_memory().to(self.tokens.device, non_blocking=True)
+        slots = torch.arange(n, device=rows_t.device).view(-1, 1)
+        tokens = self.tokens[slots, rows_t, :length].view(n * width, length)
+        langs = self.langs[slots, rows_t]
+        inputs, targets = self.masker(tokens, self.mask_ids[slots, langs].view(-1),
+                                      self.candidate_set[langs].view(-1), generator, self.pad,
+                                      self.row_probs.repeat_interleave(width, dim=0))
+        is_target = targets.ne(self.pad).view(n, -1)
+        # targets first, in position order (stable sort), cut at the host-side bound: no device->host sync
+        positions = torch.sort((~is_target).to(torch.uint8), dim=1, stable=True).indices[:, :budget]
+        valid = is_target.gather(1, positions)
+        target_ids = torch.where(valid, targets.view(n, -1).gather(1, positions), -100)
+        return inputs.view(n, width, length), langs, positions, target_ids, has_padding, int(sizes.sum())
+
+
+def record_line(tag, record):
+    """A log line in fairseq's json format, as `evaluation.figures.read_fairseq_log` and people read them."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    values = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}
+    return f"{stamp} | INFO | {tag} | {json.dumps(values)}\n"
+
+
+def validate(run, state_dict, epoch, updates, device):
+    """fairseq's validation of one run: the task's valid_step over --max-valid-steps batches (and its
+    --eval-multilinguality hook), reduced by the task's metrics into a `valid` record."""
+    from fairseq import metrics, utils
+
+    model, task, cfg = run.model, run.task, run.cfg
+    model.load_state_dict(state_dict)
+    model.to(device).eval()
+    if "valid" not in task.datasets:
+        task.load_dataset("valid")
+    task.begin_valid_epoch(epoch, model)
+    iterator = task.get_batch_iterator(
+        dataset=task.dataset("valid"), max_tokens=None,
+        max_sentences=cfg.dataset.batch_size_valid or cfg.dataset.batch_size, max_positions=task.max_positions(),
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple, seed=cfg.common.seed,
+        num_workers=0).next_epoch_itr(shuffle=False)
+    outputs = []
+    with torch.no_grad():
+        for sample in islice(iterator, cfg.dataset.max_valid_steps or None):
+            outputs.append(task.valid_step(utils.move_to_cuda(sample, device) if device.type == "cuda" else sample,
+                                           model, run.criterion)[2])
+    with metrics.aggregate(new_root=True) as aggregated:
+        task.reduce_metrics(outputs, run.criterion)
+    stats = {f"valid_{k}": float(v) for k, v in aggregated.get_smoothed_values().items()}
+    model.train()
+    return {"epoch": epoch, **stats, "valid_num_updates": updates}
+
+
+def save_checkpoint(run, state_dict, epoch):
+    """checkpoint_last.pt through fairseq's Trainer, so it reads like any fairseq-train checkpoint."""
+    from fairseq.trainer import Trainer
+
+    run.model.load_state_dict(state_dict)
+    trainer = Trainer(run.cfg, run.task, run.model, run.criterion)
+    trainer.set_num_updates(run.total_updates)
+    trainer.consolidate_optimizer()  # fairseq-train does this before every save
+    os.makedirs(run.cfg.checkpoint.save_dir, exist_ok=True)
+    partial = run.checkpoint_path + ".partial"
+    trainer.save_checkpoint(partial, {"train_iterator": {"epoch": epoch, "iterations_in_epoch": 0, "shuffle": True},
+                                      "val_loss": None})
+    os.replace(partial, run.checkpoint_path)
+
+
+class PackedGroup:
+    """The runs of one group_key as one stacked model with its optimiser and random streams."""
+
+    def __init__(self, runs, device, precision="bf16"):
+        self.runs, self.device = runs, device
+        first = runs[0].cfg
+        torch.manual_seed(first.common.seed)  # dropout draws of the group
+        self.generator = torch.Generator(device=device).manual_seed(first.common.seed)  # masking draws
+        self.stacked = StackedEncoder([run.model for run in runs], device,
+                                      torch.bfloat16 if precision == "bf16" else torch.float32)
+        self.data = GroupData(runs, device)
+        self.adam = AdamState(self.stacked.flat, adam_betas(first.optimizer), first.optimizer.adam_eps,
+                              first.optimizer.weight_decay, torch_style=first.optimizer._name == "xmlm_adamw")
+        self.updates = 0
+        # plain values: an omegaconf lookup costs tens of microseconds, and the step should not wait on the host
+        self.dropout, self.attention_dropout = first.model.dropout, first.model.attention_dropout
+        self.clip_norm, self.peak_lr = first.optimization.clip_norm, first.optimization.lr[0]
+        schedule = first.lr_scheduler
+        self.schedule = argparse.Namespace(warmup_updates=schedule.warmup_updates,
+                                           total_num_update=schedule.total_num_update,
+                                           end_learning_rate=schedule.end_learning_rate, power=schedule.power)
+        self.validate_every = [run.cfg.dataset.validate_interval_updates for run in runs]
+
+    def step(self, indices):
+        """One update of every run on its batch `indices[slot]`; returns (summed losses (N,), target counts (N,),
+        the batch) without waiting for the GPU."""
+        stacked = self.stacked
+        batch = self.data.batch(indices, self.generator)
+        inputs, langs, positions, target_ids, has_padding, _ = batch
+        stacked.refresh()
+        logits = stacked.masked_logits(inputs, langs, positions, self.dropout, self.attention_dropout, has_padding)
+        losses = F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100,
+                                 reduction="none").view(len(self.runs), -1).sum(1)
+        counts = target_ids.ne(-100).sum(1)
+        (losses / counts.clamp(min=1)).sum().backward()
+        gradients = stacked.gradients()
+        if self.clip_norm > 0:
+            clip_per_run(gradients, self.clip_norm)
+        self.updates += 1
+        self.adam.step(stacked.flat, gradients, learning_rate(self.updates, self.schedule, self.peak_lr))
+        stacked.zero_grad()
+        return losses.detach(), counts, batch
+
+    def validate_due(self, epoch, logs, final=False):
+        """`valid` records of the runs whose --validate-interval-updates falls on this update (or at the end)."""
+        for slot, (run, log, every) in enumerate(zip(self.runs, logs, self.validate_every)):
+            if every and (self.updates % every == 0) != final:
+                log.write(record_line("valid", validate(run, self.stacked.state_dict(slot), epoch, self.updates,
+                                                        self.device)))
+                log.flush()
+
+
+def train_group(runs, device, precision="bf16", progress=None):
+    """Train `runs` (one group_key) together; writes each run's log and checkpoint. Returns timing facts.
+
+    Logs grow as `<log>.partial` and are renamed once the run's checkpoint is saved; a failure removes them.
+    """
+    for run in runs:
+        os.makedirs(os.path.dirname(os.path.abspath(run.log_path)), exist_ok=True)
+    logs = [open(run.log_path + ".partial", "w") for run in runs]
+    try:
+        facts = _train_group(runs, logs, device, precision, progress)
+    except BaseException:
+        for run, log in zip(runs, logs):
+            log.close()
+            os.remove(run.log_path + ".partial")
+        raise
+    for run, log in zip(runs, logs):
+        log.close()
+        os.replace(run.log_path + ".partial", run.log_path)
+    return facts
+
+
+def _train_group(runs, logs, device, precision, progress):
+    group = PackedGroup(runs, device, precision)
+    total, per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
+    if any((run.total_updates, run.updates_per_epoch) != (total, per_epoch) for run in runs):
+        raise XmlmError("runs packed together must have the same number of updates per epoch and in all")
+    for run, log in zip(runs, logs):
+        log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs)}))
+    started, epoch, tokens_seen = time.perf_counter(), 0, 0
+    while group.updates < total:
+        epoch += 1
+        schedules = [epoch_batches(run, epoch) for run in runs]
+        loss_sum = torch.zeros(len(runs), device=device)
+        target_count = torch.zeros(len(runs), device=device)
+        for step in range(min(per_epoch, total - group.updates)):
+            losses, counts, batch = group.step([schedule[step] for schedule in schedules])
+            tokens_seen += batch[-1]
+            loss_sum += losses
+            target_count += counts
+            group.validate_due(epoch, logs)
+        elapsed = time.perf_counter() - started
+        mean_loss = (loss_sum / target_count.clamp(min=1) / math.log(2)).tolist()  # base 2, as fairseq logs
+        next_lr = learning_rate(group.updates + 1, group.schedule, group.peak_lr)
+        for log, loss in zip(logs, mean_loss):
+            log.write(record_line("train", {"epoch": epoch, "train_loss": loss, "train_ppl": 2 ** loss,
+                                            "train_lr": next_lr, "train_num_updates": group.updates,
+                                            "train_wall": elapsed}))
+            log.flush()
+        if progress:
+            progress(f"epoch {epoch} update {group.updates}/{total}: {group.updates / elapsed:.1f} updates/s, "
+                     f"{group.updates * len(runs) / elapsed:.0f} run-updates/s, mean loss {np.mean(mean_loss):.2f}")
+    group.validate_due(epoch, logs, final=True)
+    seconds = time.perf_counter() - started
+    for slot, (run, log) in enumerate(zip(runs, logs)):
+        save_checkpoint(run, group.stacked.state_dict(slot), epoch)
+        log.write(record_line("packed", {"updates": group.updates, "seconds": seconds,
+                                         "tokens_per_s": tokens_seen / seconds}))
+    return {"runs": len(runs), "updates": group.updates, "seconds": seconds, "tokens": tokens_seen}
+
+
+def grouped(runs, max_group):
+    """The runs split by `group_key`, at most `max_group` to a chunk."""
+    groups = {}
+    for run in runs:
+        groups.setdefault(group_key(run), []).append(run)
+    return [members[i:i + max_group] for members in groups.values() for i in range(0, len(members), max_group)]
+
+
+def train_packed(commands, max_group=40, precision="bf16", device=None):
+    """Parse every command, group them, train each group; returns a summary per group."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    runs = [parse_run(argv) for argv in commands]
+    pending = [run for run in runs if not run.done()]
+    for run in runs:
+        if run.done():
+            print(f"pack: {run.checkpoint_path} exists, skipped", file=sys.stderr)
+    chunks = grouped(pending, max_group)
+    summary = []
+    for number, chunk in enumerate(chunks, 1):
+        label = f"pack group {number}/{len(chunks)} ({len(chunk)} runs, {chunk[0].cfg.model.encoder_layers} x " \
+                f"{chunk[0].cfg.model.encoder_embed_dim}d)"
+        print(f"{label}: building", file=sys.stderr, flush=True)
+        for run in chunk:
+            run.build()
+        print(f"{label}: training", file=sys.stderr, flush=True)
+        facts = train_group(chunk, device, precision,
+                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True))
+        for run in chunk:  # the next group's models take the memory
+            run.task = run.model = run.criterion = None
+        print(f"{label}: done in {facts['seconds']:.0f}s, {facts['updates'] * facts['runs'] / facts['seconds']:.0f} "
+              "run-updates/s", file=sys.stderr, flush=True)
+        summary.append(facts)
+    return summary
+
+
+def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0):
+    """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
+    one group's Python overlaps the others' kernels. Larger models start first. Writes workdir/commands.<i>.txt,
+    summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
+    from fairseq_xmlm.gpu_pack import run_packed
+
+    os.makedirs(workdir, exist_ok=True)
+    chunks = grouped([parse_run(command) for command in commands], max_group)
+    chunks.sort(key=lambda chunk: (-chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
+    processes, summaries = [], []
+    for index, chunk in enumerate(chunks):
+        listing, summary = os.path.join(workdir, f"commands.{index}.txt"), os.path.join(workdir, f"summary.{index}.json")
+        with open(listing, "w") as f:
+            f.writelines(shlex.join(run.argv) + "\n" for run in chunk)
+        processes.append([sys.executable, "-m", "fairseq_xmlm.packed_training", listing, "--max-group", str(max_group),
+                          "--precision", precision, "--summary", summary])
+        summaries.append(summary)
+    slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
+    logs = os.path.join(workdir, "logs")
+    print(f"pack: {len(commands)} runs in {len(processes)} groups, {slots} processes at a time; progress in {logs}/",
+          file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    run_packed(processes, slots, logs)
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
+
+
+@cli_errors
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("commands", help="file with one fairseq-train command per line")
+    parser.add_argument("--max-group", type=int, default=40, help="most runs stacked into one model")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--summary", help="write the per-group timings here (json)")
+    args = parser.parse_args(argv)
+    if args.max_group < 1:
+        raise XmlmError(f"--max-group must be at least 1, got {args.max_group}")
+    started = time.perf_counter()
+    summary = train_packed(read_commands(args.commands), args.max_group, args.precision)
+    total = time.perf_counter() - started
+    print(f"pack: {sum(g['runs'] for g in summary)} runs in {len(summary)} groups, {total:.0f}s", file=sys.stderr)
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump({"groups": summary, "seconds": total}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

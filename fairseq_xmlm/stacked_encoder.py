@@ -1,0 +1,157 @@
+"""N `partially_shared_roberta` models of one shape as one stacked model: every weight gets a leading model axis.
+
+Dufter & Schuetze's BERT-small (64 hidden, 1 head) is so small that one training step is a few hundred tiny kernel
+launches: the GPU waits on Python, not on arithmetic. Stacking N runs turns each linear layer of all N models into
+one batched matrix product (`baddbmm`) and each attention into one `scaled_dot_product_attention` over N x B
+sequences, so N runs cost about one run's launches. The math is the model's own (post-LayerNorm BERT layers, tied
+output embedding, lang-pos position tables + segment embedding) and `tests/test_packed_training.py` checks the
+logits against `PartiallySharedRoberta.forward` for every slot.
+
+All weights of all models live in one flat (N, P) buffer, every named weight a view of it with its gradient a view
+of one flat gradient buffer: the optimizer then updates everything with a handful of whole-buffer operations.
+Attention avoids cuDNN's kernels (see `avoid_cudnn_attention`): lengths change at every batch.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.models.partially_shared_roberta import avoid_cudnn_attention
+
+
+def check_stackable(model):
+    """The stacked forward covers the Fake-English models: one token table, every layer shared."""
+    if len(model.token_embeddings) != 1 or model.separate_layers:
+        raise XmlmError("packed training supports shared embeddings and layers only (no --sep-emb / --sep-layers)")
+    if model.cfg.compile or getattr(model.cfg, "amp_bf16", False):
+        raise XmlmError("packed training sets its own precision and launch strategy: drop --compile / --amp-bf16")
+
+
+def _layer_norm(x, weight, bias, eps=1e-5):
+    """LayerNorm over the last axis with each model's own affine (weight, bias: (N, D)); x (N, ..., D)."""
+    shape = (x.size(0),) + (1,) * (x.dim() - 2) + (x.size(-1),)
+    return torch.addcmul(bias.view(shape), F.layer_norm(x, x.shape[-1:], eps=eps), weight.view(shape))
+
+
+def _linear(x, weight, bias):
+    """x (N, R, I), weight (N, O, I), bias (N, O) -> (N, R, O): one batched product for all models."""
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+
+class StackedEncoder:
+    """`weights[name]` is an (N, *shape) view of the flat compute buffer for each parameter of the N models.
+
+    The fp32 master weights live in `flat`; with dtype bf16 the forward pass reads a bf16 copy (`refresh()` makes it,
+    one kernel) so every activation is bf16 too, and `gradients()` returns the bf16 gradients as fp32: the scheme of
+    fairseq's --fp16 (low-precision model, fp32 master weights and optimiser), without loss scaling since bf16 has
+    fp32's range. With dtype fp32 the forward pass reads the master weights themselves.
+    """
+
+    def __init__(self, models, device, dtype=torch.float32):
+        for model in models:
+            check_stackable(model)
+        first = models[0]
+        shapes = {name: p.shape for name, p in first.named_parameters()}
+        for model in models[1:]:
+            if {name: p.shape for name, p in model.named_parameters()} != shapes:
+                raise XmlmError("runs packed together must have the same architecture and lang-pos setting")
+        self.count = len(models)
+        self.num_layers = len(first.layers)
+        self.heads = first.cfg.encoder_attention_heads
+        self.activation = F.gelu if first.cfg.activation_fn == "gelu" else F.relu
+        self.padding_idx = first.padding_idx
+        self.lang_pos = first.language_embedding is not None
+        avoid_cudnn_attention()
+        self.layout, offset = [], 0  # (name, offset, size, shape)
+        for name, shape in shapes.items():
+            self.layout.append((name, offset, math.prod(shape), shape))
+            offset += math.prod(shape)
+        self.flat = torch.empty(self.count, offset, device=device)
+        self.flat_grad = torch.zeros_like(self.flat)
+        parameters = [dict(model.named_parameters()) for model in models]
+        for name, _, _, _ in self.layout:
+            master = self._view(self.flat, name)
+            for slot, own in enumerate(parameters):
+                master[slot].copy_(own[name].detach())
+        low_precision = dtype != torch.float32
+        self.compute = torch.empty_like(self.flat, dtype=dtype) if low_precision else self.flat
+        self.compute_grad = torch.zeros_like(self.compute) if low_precision else self.flat_grad
+        self.refresh()
+        self.weights = {}
+        for name, _, _, _ in self.layout:
+            # A leaf sharing the compute buffer's storage whose .grad is a view of the flat gradient buffer:
+            # backward adds into it in place, so every gradient of every model ends up in one (N, P) tensor.
+            weight = self._view(self.compute, name).detach().requires_grad_()
+            weight.grad = self._view(self.compute_grad, name)
+            self.weights[name] = weight
+
+    def _view(self, buffer, name):
+        _, offset, size, shape = next(entry for entry in self.layout if entry[0] == name)
+        return buffer[:, offset:offset + size].view(self.count, *shape)
+
+    def refresh(self):
+        """Copy the master weights into the low-precision compute buffer (nothing to do in fp32)."""
+        if self.compute is not self.flat:
+            self.compute.copy_(self.flat)
+
+    def gradients(self):
+        """This step's gradients, fp32 (N, P)."""
+        if self.compute_grad is not self.flat_grad:
+            self.flat_grad.copy_(self.compute_grad)
+        return self.flat_grad
+
+    def zero_grad(self):
+        self.compute_grad.zero_()
+
+    def state_dict(self, slot):
+        """The fp32 parameters of model `slot` under the model's own names."""
+        return {name: self._view(self.flat, name)[slot].clone() for name, _, _, _ in self.layout}
+
+    def embed(self, tokens, langs):
+        """tokens (N, B, T), langs (N, B) -> (N, B, T, D) after the embedding LayerNorm."""
+        w = self.weights
+        models = torch.arange(self.count, device=tokens.device).view(-1, 1, 1)
+        x = w["token_embeddings.0.weight"][models, tokens]
+        # nn.Embedding(padding_idx) gives the pad row no gradient from lookups (the tied output layer still does)
+        x = torch.where(tokens.eq(self.padding_idx).unsqueeze(-1), x.detach(), x)
+        length = tokens.size(2)
+        positions = w["position_embeddings.0.weight"][:, None, :length]
+        if self.lang_pos:
+            fake = langs.eq(1)[:, :, None, None]
+            positions = torch.where(fake, w["position_embeddings.1.weight"][:, None, :length], positions)
+            x = x + w["language_embedding.weight"][models.view(-1, 1), langs].unsqueeze(2)
+        return _layer_norm(x + positions, w["embedding_norm.weight"], w["embedding_norm.bias"])
+
+    def layer(self, i, x, keep, dropout, attention_dropout):
+        """Post-LayerNorm BERT layer i of every model; x (N, B, T, D), keep (N*B, 1, 1, T) or None."""
+        w = {name[len(f"layers.{i}.0."):]: weight for name, weight in self.weights.items()
+             if name.startswith(f"layers.{i}.0.")}
+        n, b, t, d = x.shape
+        h = x.reshape(n, b * t, d)
+        qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
+        q, k, v = qkv.view(n * b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
+        y = _linear(y.transpose(1, 2).reshape(n, b * t, d), w["attention.out.weight"], w["attention.out.bias"])
+        h = _layer_norm(h + F.dropout(y, dropout), w["attention_norm.weight"], w["attention_norm.bias"])
+        f = F.dropout(self.activation(_linear(h, w["ffn_in.weight"], w["ffn_in.bias"])), dropout)
+        f = _linear(f, w["ffn_out.weight"], w["ffn_out.bias"])
+        h = _layer_norm(h + F.dropout(f, dropout), w["ffn_norm.weight"], w["ffn_norm.bias"])
+        return h.view(n, b, t, d)
+
+    def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, has_padding=True):
+        """Logits (N, M, V) at `positions` (N, M) (flat indices into each model's B*T), for all N models at once.
+
+        Dropout as in training when the rates are > 0 (0 = evaluation). `has_padding` False (known on the host from
+        the batch's lengths) drops the attention mask, so SDPA may use the flash kernel, as the model does.
+        """
+        n, b, t = tokens.shape
+        keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t) if has_padding else None
+        x = F.dropout(self.embed(tokens, langs), dropout)
+        for i in range(self.num_layers):
+            x = self.layer(i, x, keep, dropout, attention_dropout)
+        features = x.reshape(n, b * t, -1).gather(1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
+        w = self.weights
+        h = F.gelu(_linear(features, w["lm_dense.weight"], w["lm_dense.bias"]))  # the LM head is GELU always
+        h = _layer_norm(h, w["lm_norm.weight"], w["lm_norm.bias"])
+        return _linear(h, w["token_embeddings.0.weight"], w["lm_bias.0"])

@@ -1,0 +1,37 @@
+"""examples/dufter/run.py: the commands it plans, fairseq-train's or --gpu-pack's, and its bad-input errors."""
+import importlib.util
+
+from conftest import REPO, expect_cli_error
+
+
+def recipe():
+    spec = importlib.util.spec_from_file_location("dufter_run", REPO / "examples" / "dufter" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def planned(capsys, argv):
+    capsys.readouterr()
+    recipe().main(argv)
+    return [line[2:] for line in capsys.readouterr().err.splitlines() if line.startswith("+ ")]
+
+
+def test_gpu_pack_plans_packed_training(fake_english_data, tmp_path, capsys):
+    common = ["full", "--ids", "0,18", "--seeds", "2", "--data", str(fake_english_data), "--results", str(tmp_path),
+              "--dry-run"]
+    per_run = planned(capsys, common)
+    packed = planned(capsys, common + ["--gpu-pack"])
+    train = [c for c in packed if "fairseq_cli.train" in c]
+    assert len(train) == 2 and all("--log-file" in c and "--criterion xmlm_masked_lm" in c for c in train)
+    assert "--seed 0" in train[0] and "--seed 42" in train[1]
+    assert sum("fairseq_xmlm.untrained" in c for c in packed) == 2
+    assert sum("eval_mult" in c for c in packed) == 4 == sum("eval_mult" in c for c in per_run)
+    # the fairseq-train commands of the per-run mode are the packed ones without the log file
+    assert [c for c in per_run if "fairseq_cli.train" in c] == [c.split(" --log-file")[0] for c in train]
+
+
+def test_gpu_pack_refuses_train_args(fake_english_data, tmp_path, capsys):
+    expect_cli_error(capsys, recipe().main, ["full", "--ids", "0", "--gpu-pack", "--train-args=--fp16", "--data",
+                                             str(fake_english_data), "--results", str(tmp_path), "--dry-run"],
+                     "--train-args apply to fairseq-train runs")

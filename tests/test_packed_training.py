@@ -1,0 +1,128 @@
+"""Packed training (many Fake-English runs as one stacked model) against fairseq's own Trainer, on real batches."""
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, expect_cli_error
+from fairseq_xmlm import packed_training
+from fairseq_xmlm.checkpoints import load_checkpoint
+from fairseq_xmlm.evaluation.figures import read_fairseq_log
+from fairseq_xmlm.stacked_encoder import StackedEncoder
+
+TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "2"]
+
+
+def command(data, tmp_path, name, seed, *extra, epochs=1):
+    return ["fairseq-train", str(data), "--user-dir", str(REPO / "fairseq_xmlm"), "--task", "fake_english",
+            "--arch", "xmlm_bert_small", *TINY, "--criterion", "masked_lm", "--optimizer", "adam",
+            "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr", "2e-3", "--lr-scheduler", "polynomial_decay",
+            "--warmup-updates", "2", "--total-num-update", "100", "--batch-size", "64", "--max-epoch", str(epochs),
+            "--seed", str(seed), "--save-dir", str(tmp_path / name / "checkpoints"),
+            "--log-file", str(tmp_path / name / "train.log"), "--max-valid-steps", "2", "--cpu", *extra]
+
+
+def fairseq_sample(inputs, langs, positions, target_ids, slot, pad):
+    """The packed batch of one run as fairseq's sample (its blank filler rows dropped)."""
+    tokens, lang_ids = inputs[slot], langs[slot]
+    targets = torch.full_like(tokens, pad).view(-1)
+    valid = target_ids[slot].ne(-100)
+    targets[positions[slot][valid]] = target_ids[slot][valid]
+    targets = targets.view_as(tokens)
+    real = ~(tokens[:, 1:].eq(pad).all(dim=1) & targets.eq(pad).all(dim=1))  # blank rows: bos then padding only
+    return {"id": torch.arange(int(real.sum())), "nsentences": int(real.sum()), "ntokens": int(tokens[real].ne(pad).sum()),
+            "net_input": {"src_tokens": tokens[real], "lang_ids": lang_ids[real]}, "target": targets[real]}
+
+
+@pytest.mark.parametrize("flags", [(), ("--lang-pos",)], ids=["shared-positions", "lang-pos"])
+def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *flags)).build()
+            for s in (1, 2)]
+    stacked = StackedEncoder([run.model for run in runs], torch.device("cpu"))
+    group = packed_training.GroupData(runs, torch.device("cpu"))
+    batches = [packed_training.epoch_batches(run, 1)[0] for run in runs]
+    inputs, langs, positions, target_ids, has_padding, _ = group.batch(batches, torch.Generator().manual_seed(0))
+    logits = stacked.masked_logits(inputs, langs, positions, has_padding=has_padding)
+    for slot, run in enumerate(runs):
+        run.model.eval()
+        features = run.model(inputs[slot], langs[slot], features_only=True)[0].reshape(-1, 32)
+        expected = run.model.output_logits(features[positions[slot]], langs[slot].new_zeros(positions.size(1)))
+        assert torch.allclose(logits[slot], expected, atol=1e-5)
+
+
+def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
+    """Four updates of two packed runs (different seeds and flags) = fairseq's Trainer fed the same batches."""
+    from fairseq.trainer import Trainer
+
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, seed, *flags, "--dropout", "0",
+                                              "--attention-dropout", "0")).build()
+            for name, seed, flags in (("a", 1, ()), ("b", 2, ("--shift-special", "--no-random")))]
+    references = [Trainer(run.cfg, run.task, copy.deepcopy(run.model), run.criterion) for run in runs]
+    group = packed_training.PackedGroup(runs, torch.device("cpu"), precision="fp32")
+    schedules = [packed_training.epoch_batches(run, 1) for run in runs]
+    pad = runs[0].task.dictionary.pad()
+    # the last batch of run a (short) meets a full one of run b: blank filler rows must change nothing
+    steps = [0, 1, 2, len(schedules[0]) - 1]
+    references[0].begin_epoch(1), references[1].begin_epoch(1)
+    for step in steps:
+        losses, counts, batch = group.step([schedule[step] for schedule in schedules])
+        for slot, trainer in enumerate(references):
+            log = trainer.train_step([fairseq_sample(*batch[:4], slot, pad)])
+            assert int(counts[slot]) == int(log["sample_size"])
+            # fairseq logs the mean loss in base 2, rounded to 3 decimals
+            assert float(losses[slot]) / float(counts[slot]) / np.log(2) == pytest.approx(float(log["loss"]), abs=1e-3)
+    for slot, trainer in enumerate(references):
+        packed = group.stacked.state_dict(slot)
+        for name, value in trainer.model.named_parameters():
+            assert torch.allclose(packed[name], value.detach(), atol=2e-6), name
+
+
+def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
+    commands = [command(fake_english_data, tmp_path, name, seed, *flags, "--max-update", "25")
+                for name, seed, flags in (("a", 1, ()), ("b", 1, ("--shift-special",)), ("c", 1, ("--lang-pos",)))]
+    commands[0] += ["--eval-multilinguality", "--eval-mult-sentences", "50", "--eval-mult-layers", "0,2", "--validate-interval-updates", "10"]
+    listing = tmp_path / "commands.txt"
+    listing.write_text("\n".join(" ".join(c) for c in commands) + "\n")
+    packed_training.main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [g["runs"] for g in summary["groups"]] == [2, 1]  # one seed; lang-pos has other weights: its own group
+    updates = summary["groups"][0]["updates"]
+    for name in "abc":
+        model, task, cfg = load_checkpoint(tmp_path / name / "checkpoints" / "checkpoint_last.pt")
+        assert cfg.task._name == "fake_english" and task.lang_pos == (name == "c")
+        train = read_fairseq_log(tmp_path / name / "train.log", "train")
+        assert train[-1]["train_num_updates"] == updates and 2 < train[-1]["train_ppl"] < 3000
+    valid = read_fairseq_log(tmp_path / "a" / "train.log", "valid")
+    assert [r["valid_num_updates"] for r in valid] == list(range(10, updates + 1, 10)) + (
+        [updates] if updates % 10 else [])
+    assert all(0 <= r["valid_mu"] <= 1 and r["valid_ppl"] > 1 for r in valid)
+    capsys.readouterr()
+    packed_training.main([str(listing)])  # everything exists: nothing trains
+    assert capsys.readouterr().err.count("exists, skipped") == 3
+
+
+def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
+    commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (1, 2)]
+    result = packed_training.train_side_by_side(commands, tmp_path / "pack")  # bf16, as on the GPU
+    assert [[g["runs"] for g in p["groups"]] for p in result["processes"]] == [[1], [1]]
+    assert sorted(p.name for p in (tmp_path / "pack" / "logs").iterdir()) == ["0.log", "1.log"]
+    for seed in (1, 2):
+        assert read_fairseq_log(tmp_path / f"s{seed}" / "train.log", "train")[-1]["train_num_updates"] == 5
+
+
+def test_bad_commands(fake_english_data, tmp_path, capsys):
+    listing = tmp_path / "commands.txt"
+    bad = command(fake_english_data, tmp_path, "a", 1)
+    listing.write_text(" ".join(bad).replace("--criterion masked_lm", "--criterion cross_entropy") + "\n")
+    expect_cli_error(capsys, packed_training.main, [str(listing)], "supports --criterion masked_lm|xmlm_masked_lm")
+    listing.write_text(" ".join(bad + ["--no-such-option"]) + "\n")
+    expect_cli_error(capsys, packed_training.main, [str(listing)], "unrecognized arguments: --no-such-option")
+    at = bad.index("--log-file")
+    listing.write_text(" ".join(bad[:at] + bad[at + 2:]) + "\n")
+    expect_cli_error(capsys, packed_training.main, [str(listing)], "needs --save-dir and --log-file")
+    listing.write_text(" ".join(bad + ["--sep-emb"]) + "\n")
+    expect_cli_error(capsys, packed_training.main, [str(listing)], "no --sep-emb")
+    expect_cli_error(capsys, packed_training.main, [str(tmp_path / "none.txt")], "command file not found")
