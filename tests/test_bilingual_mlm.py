@@ -81,6 +81,19 @@ def test_languages_are_sampled_by_sentence_share_to_the_power_0_7(unequal_data):
     assert drawn.mean() > share[1] + 0.05  # the smaller language is upsampled
 
 
+def test_one_iterator_for_the_run_resamples_every_epoch(unequal_data):
+    task = make_task(unequal_data)
+    task.load_dataset("train")
+    dataset = task.datasets["train"]
+    iterator = task.get_batch_iterator(dataset, max_sentences=8, seed=1, epoch=1)
+    assert task.get_batch_iterator(dataset, max_sentences=8, seed=1, epoch=2) is iterator  # workers live on
+    epochs = []
+    for _ in range(3):
+        epochs.append([batch["id"].tolist() for batch in iterator.next_epoch_itr(shuffle=True)])
+    assert iterator.epoch == 3
+    assert epochs[0] != epochs[1] != epochs[2]  # new language draws, batches and contents each epoch
+
+
 def test_every_batch_is_one_language_and_carries_its_id(unequal_data):
     task = make_task(unequal_data)
     task.load_dataset("train")

@@ -211,14 +211,21 @@ class BilingualMLMTask(SharedDictionaryTask):
         batch_size = max_sentences or max(1, (max_tokens or 0) // self.cfg.tokens_per_sample)
         if not batch_size:
             raise XmlmError("bilingual_mlm needs --batch-size or --max-tokens")
+        if not disable_iterator_cache and dataset in self.dataset_to_epoch_iter:
+            # One iterator and its data-loader workers for the whole run (a new one per epoch cost ~10 s: torch
+            # waits on every old worker). LanguageBatches is callable, so fairseq still resamples every epoch.
+            return self.dataset_to_epoch_iter[dataset]
         dataset.set_epoch(epoch)
         batches = LanguageBatches(dataset.langs, dataset.language_probabilities, batch_size, seed,
                                   resample=dataset.shuffle)
-        return iterators.EpochBatchIterator(
+        iterator = iterators.EpochBatchIterator(
             dataset=dataset, collate_fn=dataset.collater, batch_sampler=batches, seed=seed, num_shards=num_shards,
             shard_id=shard_id, num_workers=num_workers, epoch=epoch, buffer_size=data_buffer_size,
-            skip_remainder_batch=skip_remainder_batch,
+            skip_remainder_batch=skip_remainder_batch, reuse_dataloader=True, persistent_workers=True,
         )
+        if not disable_iterator_cache:
+            self.dataset_to_epoch_iter[dataset] = iterator
+        return iterator
 
     def max_positions(self):
         return self.cfg.tokens_per_sample
