@@ -55,9 +55,18 @@ def train_fasttext(corpus_path, dim, epochs, seed, threads, min_count=1):
     # fasttext.train_unsupervised does not pass fastText's -seed through; build its arguments the way it does.
     options = dict(input=str(corpus_path), model="skipgram", dim=dim, epoch=epochs, minCount=min_count,
                    seed=seed, thread=threads, verbose=0)
-    args = FastText._build_args({**FastText.unsupervised_default, **options}, set(options))
-    model = FastText._FastText(args=args)
-    FastText.fasttext.train(model.f, args)
+    for attempt in range(3):
+        args = FastText._build_args({**FastText.unsupervised_default, **options, "seed": seed + attempt},
+                                    set(options))
+        model = FastText._FastText(args=args)
+        try:
+            FastText.fasttext.train(model.f, args)
+            break
+        except RuntimeError as err:  # "Encountered NaN": seen once in a long test session, never alone
+            if "NaN" not in str(err) or attempt == 2:
+                raise XmlmError(f"fastText training failed on {corpus_path}: {err}")
+            print(f"fastText diverged (NaN) with seed {seed + attempt}; retrying with seed {seed + attempt + 1}",
+                  file=sys.stderr)
     model.set_args(model.f.getArgs())
     words = [w for w in model.get_words() if w != "</s>"]  # fastText's own end-of-line token
     return words, np.stack([model.get_word_vector(w) for w in words])
