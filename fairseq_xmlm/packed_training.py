@@ -5,8 +5,10 @@
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
 and its task, model (initialised with the command's seed, exactly as fairseq-train does) and training set are built
-by fairseq; runs with the same model shape, optimiser settings and schedule are then trained together as one
-`StackedEncoder`, up to --max-group runs at a time. What each run gets is what fairseq-train would give it:
+by fairseq; runs with the same model shape, optimiser settings, schedule and seed (so identical batches, see
+`group_key`) are then trained together as one `StackedEncoder`, up to --max-group runs at a time.
+`train_side_by_side` runs each group in its own process, several at once on the GPU. What each run gets is what
+fairseq-train would give it:
 
 - batches: the task's batch iterator for that epoch and seed (`ordered_batches`, fairseq's own shuffling);
 - masking: the task's masker (`masking.mask_batch`, each run's replacement probabilities and mask symbols), drawn
@@ -20,8 +22,10 @@ by fairseq; runs with the same model shape, optimiser settings and schedule are 
 - checkpoint: `checkpoint_last.pt` in the run's `--save-dir`, saved by fairseq's Trainer, read by every tool.
 
 Differences, by design: the model computes in bf16 (a bf16 copy of the fp32 master weights, as fairseq's --fp16
-does in fp16; `--precision fp32` for none); the masks and dropout draw from one random stream per group, so a run's exact draws depend on the group
-it was packed in; the optimiser state is not saved (a packed checkpoint is a finished model, not a resume point).
+does in fp16; `--precision fp32` for none); the masks and dropout draw from one random stream per group, so a
+run's exact draws depend on the group it was packed in; validation runs only at --validate-interval-updates and
+at the end, not after every epoch; the optimiser state is not saved (a packed checkpoint is a finished model, not
+a resume point).
 `tests/test_packed_training.py` checks a packed update against fairseq's own Trainer on the same batches.
 A group is saved when it finishes; rerunning the same commands skips runs whose checkpoint and log exist.
 """
