@@ -26,25 +26,34 @@ def default_slots(workers_per_run):
     return max(1, (os.cpu_count() or 1) // (1 + workers_per_run))
 
 
-def run_packed(commands, slots, log_dir, env=None, poll_s=0.2):
+def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None):
     """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
 
+    With `costs` (one number per command, e.g. its estimated GPU memory) and `capacity`, a run starts only while
+    the costs of the running ones plus its own fit in `capacity` (a run alone always starts); commands start in
+    their order, a later one that fits going ahead of an earlier one that does not.
     Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended.
     """
     if slots < 1:
         raise XmlmError(f"--slots must be at least 1, got {slots}")
     os.makedirs(log_dir, exist_ok=True)
-    pending = list(enumerate(commands))[::-1]
+    costs = costs or [0] * len(commands)
+    pending = list(range(len(commands)))
     running = {}  # index -> (process, log file, start time)
     wall, failed = {}, []
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("OMP_NUM_THREADS", "1")  # N processes x all cores of intra-op threads would thrash
     while pending or running:
         while pending and len(running) < slots:
-            index, argv = pending.pop()
+            load = sum(costs[i] for i in running)
+            fitting = [i for i in pending if not running or capacity is None or load + costs[i] <= capacity]
+            if not fitting:
+                break
+            index = fitting[0]
+            pending.remove(index)
             log = open(os.path.join(log_dir, f"{index}.log"), "w")
-            running[index] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env), log,
-                              time.perf_counter())
+            running[index] = (subprocess.Popen(commands[index], stdout=log, stderr=subprocess.STDOUT, env=child_env),
+                              log, time.perf_counter())
             print(f"gpu-pack: started run {index} ({len(running)} running, {len(pending)} queued)", file=sys.stderr)
         for index, (process, log, started) in list(running.items()):
             if process.poll() is None:

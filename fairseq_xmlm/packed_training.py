@@ -472,6 +472,19 @@ def train_packed(commands, max_group=40, precision="bf16", device=None):
     return summary
 
 
+def estimated_gpu_bytes(runs):
+    """A rough upper bound of a group's GPU memory, to keep groups side by side from running out of it: per run,
+    20 bytes a weight (fp32 master, gradient, two Adam moments, bf16 copy) and the bf16 activations that backward
+    keeps for a batch of the longest sentences (about 10 hidden-size and 3 FFN-size values per token and layer),
+    with 25 % slack. A BERT-base run comes to about 18 GB, a BERT-small one to about 1.4 GB."""
+    m, c = runs[0].cfg.model, runs[0].cfg
+    d, f, layers = m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_layers
+    weights = layers * (4 * d * d + 2 * d * f) + 20_000 * d  # layers + embeddings of a Bible-sized vocabulary
+    tokens = c.dataset.batch_size * c.task.tokens_per_sample
+    activations = layers * tokens * (10 * d + 3 * f) * 2
+    return len(runs) * (20 * weights + 1.25 * activations)
+
+
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
     one group's Python overlaps the others' kernels. Larger models start first. Writes workdir/commands.<i>.txt,
@@ -490,11 +503,12 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
                           "--precision", precision, "--summary", summary])
         summaries.append(summary)
     slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
+    capacity = 0.9 * torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     logs = os.path.join(workdir, "logs")
-    print(f"pack: {len(commands)} runs in {len(processes)} groups, {slots} processes at a time; progress in {logs}/",
-          file=sys.stderr, flush=True)
+    print(f"pack: {len(commands)} runs in {len(processes)} groups, at most {slots} processes at a time and as many "
+          f"as fit in GPU memory; progress in {logs}/", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    run_packed(processes, slots, logs)
+    run_packed(processes, slots, logs, costs=[estimated_gpu_bytes(chunk) for chunk in chunks], capacity=capacity)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 

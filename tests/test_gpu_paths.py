@@ -146,6 +146,10 @@ def test_gpu_pack_runs_everything_with_bounded_slots_and_names_failures(tmp_path
     assert len(walls) == 5 and all(w >= 0.3 for w in walls)
     peaks = [int(x) for x in (tmp_path / "live.max").read_text().split()]
     assert len(peaks) == 5 and max(peaks) == 2
+    (tmp_path / "live.max").unlink()
+    run_packed(commands, slots=5, log_dir=tmp_path / "logs1", poll_s=0.02, costs=[.6, .6, .3, .3, .3], capacity=1)
+    peaks = [int(x) for x in (tmp_path / "live.max").read_text().split()]
+    assert len(peaks) == 5 and max(peaks) == 2  # .6 + .3 fit in 1, nothing more does
     commands[3] = [sys.executable, "-c", script, str(marker), "3"]
     with pytest.raises(XmlmError, match=r"1 of 5 packed runs failed; see .*3\.log"):
         run_packed(commands, slots=3, log_dir=tmp_path / "logs2", poll_s=0.02)
