@@ -254,10 +254,10 @@ def main(argv=None):
     parser.add_argument("--train-args", default="",
                         help="extra fairseq-train options, e.g. '--fp16 --optimizer xmlm_adamw --num-workers 2'")
     parser.add_argument("--gpu-pack", action="store_true",
-                        help="train every run as stacked models in one process (fairseq_xmlm.packed_training, bf16), "
-                             "evaluate side by side; --train-args do not apply")
+                        help="train the runs as stacked models, one process per group side by side "
+                             "(fairseq_xmlm.packed_training, bf16), evaluate side by side; --train-args do not apply")
     parser.add_argument("--pack-slots", type=int, default=0,
-                        help="--gpu-pack: evaluations / untrained runs at a time (0: CPU cores / 2)")
+                        help="--gpu-pack: processes (groups, evaluations, untrained runs) at a time (0: CPU cores / 2)")
     parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
