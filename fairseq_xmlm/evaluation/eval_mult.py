@@ -207,7 +207,7 @@ def run(argv=None):
     if args.dict and not os.path.isfile(args.dict):
         raise XmlmError(f"dictionary {args.dict} does not exist")
     model, task = load_for_evaluation(args.checkpoint, args.data, args.device)
-    name = checkpoint_task_config(args.checkpoint)["_name"]
+    name = task.cfg._name  # the checkpoint's task, already checked by load_for_evaluation
     result = {"checkpoint": args.checkpoint, "task": name}
     if name == "bilingual_mlm":
         result |= evaluate_bilingual(model, task, tuple(args.layers), args.split, args.max_sentences,
