@@ -24,6 +24,7 @@ the time limit keeps what it measured).
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -115,8 +116,20 @@ class Bench:
             f.write(" ".join(cmd) + "\n")
             f.flush()
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        result = {}
+        with open(path, encoding="utf-8", errors="replace") as f:
+            out_of_files = "Too many open files" in f.read()
+        if rc != 0 and out_of_files:  # seen once with DDP's data-loader workers: say so, and retry with the hard limit
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            result["first_try"] = f"Too many open files with the open-file limit {soft}; retried with {hard}"
+            log(f"{name}: {result['first_try']}")
+            os.replace(path, path[:-len(".log")] + ".first_try.log")
+            started = time.perf_counter()
+            with open(path, "w") as f:
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: (
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard)))).returncode
         rows = parse_train_inner(path)[1:]
-        result = {"cmd": " ".join(cmd[1:]), "rc": rc, "wall_s": round(time.perf_counter() - started, 1)}
+        result.update({"cmd": " ".join(cmd[1:]), "rc": rc, "wall_s": round(time.perf_counter() - started, 1)})
         if rc == 0 and rows:
             result["wps"] = float(np.mean([float(r["wps"]) for r in rows]))
             result["ups"] = float(np.mean([float(r["ups"]) for r in rows]))

@@ -26,12 +26,14 @@ def default_slots(workers_per_run):
     return max(1, (os.cpu_count() or 1) // (1 + workers_per_run))
 
 
-def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None):
+def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None):
     """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
 
     With `costs` (one number per command, e.g. its estimated GPU memory) and `capacity`, a run starts only while
     the costs of the running ones plus its own fit in `capacity` (a run alone always starts); commands start in
     their order, a later one that fits going ahead of an earlier one that does not.
+    With `devices` (GPU indices) each run sees one GPU (CUDA_VISIBLE_DEVICES), the least loaded one it fits on, and
+    `capacity` holds per GPU; without, every run sees the GPUs of the environment.
     Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended.
     """
     if slots < 1:
@@ -39,23 +41,25 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     os.makedirs(log_dir, exist_ok=True)
     costs = costs or [0] * len(commands)
     pending = list(range(len(commands)))
-    running = {}  # index -> (process, log file, start time)
+    running = {}  # index -> (process, log file, start time, device)
     wall, failed = {}, []
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("OMP_NUM_THREADS", "1")  # N processes x all cores of intra-op threads would thrash
     while pending or running:
         while pending and len(running) < slots:
-            load = sum(costs[i] for i in running)
-            fitting = [i for i in pending if not running or capacity is None or load + costs[i] <= capacity]
-            if not fitting:
+            placement = _place(pending, running, costs, capacity, devices or [None])
+            if placement is None:
                 break
-            index = fitting[0]
+            index, device = placement
             pending.remove(index)
             log = open(os.path.join(log_dir, f"{index}.log"), "w")
-            running[index] = (subprocess.Popen(commands[index], stdout=log, stderr=subprocess.STDOUT, env=child_env),
-                              log, time.perf_counter())
-            print(f"gpu-pack: started run {index} ({len(running)} running, {len(pending)} queued)", file=sys.stderr)
-        for index, (process, log, started) in list(running.items()):
+            own_env = child_env if device is None else {**child_env, "CUDA_VISIBLE_DEVICES": str(device)}
+            running[index] = (subprocess.Popen(commands[index], stdout=log, stderr=subprocess.STDOUT, env=own_env),
+                              log, time.perf_counter(), device)
+            where = "" if device is None else f" on GPU {device}"
+            print(f"gpu-pack: started run {index}{where} ({len(running)} running, {len(pending)} queued)",
+                  file=sys.stderr)
+        for index, (process, log, started, _) in list(running.items()):
             if process.poll() is None:
                 continue
             log.close()
@@ -70,6 +74,26 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
         logs = ", ".join(os.path.join(log_dir, f"{i}.log") for i in sorted(failed))
         raise XmlmError(f"{len(failed)} of {len(commands)} packed runs failed; see {logs}")
     return [wall[i] for i in range(len(commands))]
+
+
+def several_gpus():
+    """The indices of the visible GPUs when there are several (for `run_packed(devices=...)`), else None."""
+    import torch
+
+    count = torch.cuda.device_count()
+    return list(range(count)) if count > 1 else None
+
+
+def _place(pending, running, costs, capacity, devices):
+    """(the first pending command that fits somewhere, the least loaded device it fits on), or None."""
+    load = {device: sum(costs[i] for i, entry in running.items() if entry[3] == device) for device in devices}
+    count = {device: sum(entry[3] == device for entry in running.values()) for device in devices}
+    busy = {device for device in devices if count[device]}
+    for index in pending:
+        for device in sorted(devices, key=lambda d: (load[d], count[d])):
+            if device not in busy or capacity is None or load[device] + costs[index] <= capacity:
+                return index, device
+    return None
 
 
 def read_commands(path):

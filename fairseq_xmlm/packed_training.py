@@ -487,9 +487,10 @@ def estimated_gpu_bytes(runs):
 
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
-    one group's Python overlaps the others' kernels. Larger models start first. Writes workdir/commands.<i>.txt,
+    one group's Python overlaps the others' kernels. Larger models start first; with several GPUs each process
+    runs on one of them, the least loaded. Writes workdir/commands.<i>.txt,
     summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
-    from fairseq_xmlm.gpu_pack import run_packed
+    from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     os.makedirs(workdir, exist_ok=True)
     chunks = grouped([parse_run(command) for command in commands], max_group)
@@ -504,11 +505,13 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
         summaries.append(summary)
     slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
     capacity = 0.9 * torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    devices = several_gpus()  # each process on one of them, spread by memory
     logs = os.path.join(workdir, "logs")
     print(f"pack: {len(commands)} runs in {len(processes)} groups, at most {slots} processes at a time and as many "
-          f"as fit in GPU memory; progress in {logs}/", file=sys.stderr, flush=True)
+          f"as fit in GPU memory ({len(devices or [0])} GPUs); progress in {logs}/", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    run_packed(processes, slots, logs, costs=[estimated_gpu_bytes(chunk) for chunk in chunks], capacity=capacity)
+    run_packed(processes, slots, logs, costs=[estimated_gpu_bytes(chunk) for chunk in chunks], capacity=capacity,
+               devices=devices)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 

@@ -155,6 +155,19 @@ def test_gpu_pack_runs_everything_with_bounded_slots_and_names_failures(tmp_path
         run_packed(commands, slots=3, log_dir=tmp_path / "logs2", poll_s=0.02)
 
 
+def test_run_packed_spreads_runs_over_gpus_by_memory(tmp_path):
+    """Each run sees one GPU; capacity holds per GPU: .6 + .3 fit on one, a second .6 goes to the other, and a
+    fifth run (.5) fits nowhere until one of them has ended."""
+    script = ("import os,sys,time;print(os.environ['CUDA_VISIBLE_DEVICES'], time.time());"
+              "time.sleep(float(sys.argv[1]))")
+    commands = [[sys.executable, "-c", script, seconds] for seconds in ("0.6", "0.6", "0.6", "0.6", "0")]
+    run_packed(commands, slots=8, log_dir=tmp_path, poll_s=0.02, costs=[.6, .6, .3, .3, .5], capacity=1,
+               devices=[0, 1])
+    gpu, started = zip(*((tmp_path / f"{i}.log").read_text().split() for i in range(5)))
+    assert gpu[:4] == ("0", "1", "0", "1")
+    assert float(started[4]) >= max(map(float, started[:4])) + 0.3
+
+
 EPOCHS_SCRIPT = """
 import hashlib, json, sys
 from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask

@@ -106,6 +106,15 @@ def test_mixed_batch_routes_each_row_to_its_language():
         torch.testing.assert_close(together[rows], alone)
 
 
+@pytest.mark.parametrize("sep_layers", ["", "1-2"])
+def test_unpadded_batch_without_attention_mask_is_the_same(sep_layers):
+    """has_padding=False (the collater's word that no row is padded) drops the mask, also through routed layers."""
+    model = make_model(sep_emb=True, sep_layers=sep_layers).eval()
+    tokens = torch.randint(4, V, (4, T))
+    langs = torch.tensor([0, 1, 0, 1])
+    torch.testing.assert_close(model(tokens, langs, has_padding=False)[0], model(tokens, langs)[0])
+
+
 def test_separate_softmax_covers_only_the_language_vocabulary():
     model = make_model(sep_emb=True)
     tokens, langs = batch(1)

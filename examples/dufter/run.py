@@ -170,8 +170,9 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args
 
 def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run):
     """--gpu-pack: the untrained checkpoints side by side, every trained run through fairseq_xmlm.packed_training
-    (stacked models, one process per group), then the evaluations side by side; prints and saves the stage times."""
-    from fairseq_xmlm.gpu_pack import run_packed
+    (stacked models, one process per group), then the evaluations side by side, spread over the GPUs when there
+    are several; prints and saves the stage times."""
+    from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     results.mkdir(parents=True, exist_ok=True)
     stages, untrained, commands = {}, [], []
@@ -191,25 +192,29 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
         return
     started = time.perf_counter()
     if untrained:
-        run_packed([list(map(str, c)) for c in untrained], slots, results / "logs" / "untrained")
+        run_packed([list(map(str, c)) for c in untrained], slots, results / "logs" / "untrained", devices=several_gpus())
     stages["untrained_s"] = time.perf_counter() - started
     if commands:
         from fairseq_xmlm.packed_training import train_side_by_side
 
         train_side_by_side([list(map(str, c)) for c in commands], results / "pack", max_group, slots=slots)
     stages["training_s"] = time.perf_counter() - started - stages["untrained_s"]
-    run_packed([list(map(str, c)) for c in evaluations], slots, results / "logs" / "eval")
+    run_packed([list(map(str, c)) for c in evaluations], slots, results / "logs" / "eval", devices=several_gpus())
     stages["total_s"] = time.perf_counter() - started
     stages["evaluation_s"] = stages["total_s"] - stages["training_s"] - stages["untrained_s"]
-    stages.update(runs=len(pending), trained_runs=len(commands), device=_device_name())
-    (results / "packed_timing.json").write_text(json.dumps(stages, indent=1))
+    stages.update(runs=len(pending), trained_runs=len(commands), device=_device_name(),
+                  date=time.strftime("%Y-%m-%d %H:%M"))
+    timing = results / "packed_timing.json"  # one record per invocation: a table may take several
+    earlier = json.loads(timing.read_text()) if timing.exists() else []
+    timing.write_text(json.dumps((earlier if isinstance(earlier, list) else [earlier]) + [stages], indent=1))
     log("gpu-pack: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in stages.items()))
 
 
 def _device_name():
     import torch
 
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    count = torch.cuda.device_count()
+    return f"{count} x {torch.cuda.get_device_name()}" if count else "cpu"
 
 
 def write_figures(runs_dir, out_dir, data):

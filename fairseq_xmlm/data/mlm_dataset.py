@@ -99,11 +99,12 @@ class MaskedLanguageDataset(FairseqDataset):
         # The target positions as flat indices into (B * T), found here on the CPU: the xmlm_masked_lm criterion
         # gathers them on the GPU without asking the GPU which positions are targets (a host sync per step).
         masked_positions = targets.view(-1).ne(self.pad).nonzero().squeeze(1)
+        real = int(tokens.ne(self.pad).sum())
         return {
             "id": ids,
             "nsentences": len(samples),
-            "ntokens": int(tokens.ne(self.pad).sum()),
-            "net_input": {"src_tokens": inputs, "lang_ids": langs},
+            "ntokens": real,
+            "net_input": {"src_tokens": inputs, "lang_ids": langs, "has_padding": real < tokens.numel()},
             "target": targets,
             "masked_positions": masked_positions,
             "nmasked": len(masked_positions),

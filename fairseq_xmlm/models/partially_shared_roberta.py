@@ -110,7 +110,8 @@ class TransformerLayer(nn.Module):
 
 
 def route_by_language(modules, lang_ids, num_langs, *inputs):
-    """Apply modules[l] to the rows of language l; rows of other languages never touch modules[l]."""
+    """Apply modules[l] to the rows of language l; rows of other languages never touch modules[l]. An input may be
+    None (no attention mask)."""
     if num_langs == 1:
         return modules[0](*inputs)
     out = None
@@ -118,7 +119,7 @@ def route_by_language(modules, lang_ids, num_langs, *inputs):
         rows = (lang_ids == lang).nonzero().squeeze(1)
         if rows.numel() == 0:
             continue
-        y = modules[lang](*(t[rows] for t in inputs))
+        y = modules[lang](*(None if t is None else t[rows] for t in inputs))
         if out is None:
             out = y.new_empty((lang_ids.size(0),) + y.shape[1:])
         out[rows] = y
@@ -240,15 +241,17 @@ class PartiallySharedRoberta(BaseFairseqModel):
             x = x + self.language_embedding(lang_ids).unsqueeze(1)
         return self.embedding_norm(x)
 
-    def encode_layers(self, src_tokens, lang_ids=None, last_layer=None):
+    def encode_layers(self, src_tokens, lang_ids=None, last_layer=None, has_padding=None):
         """List of (B, T, D) states: index 0 = embeddings after LayerNorm, index i = output of layer i.
 
-        `last_layer` stops early (evaluation at layers 0 and 8 need not run the top layers).
+        `last_layer` stops early (evaluation at layers 0 and 8 need not run the top layers). `has_padding` (known to
+        the collater) False drops the attention mask, so SDPA may use the flash kernel (full 256-token streams);
+        None asks the tokens, which on a GPU waits for it.
         """
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
         keep = src_tokens.ne(self.padding_idx)[:, None, None, :]
-        if src_tokens.is_cuda and bool(keep.all()):
-            keep = None  # no padding (full 256-token streams): SDPA may then use the flash kernel, masks rule it out
+        if has_padding is False or (has_padding is None and src_tokens.is_cuda and bool(keep.all())):
+            keep = None
         x = self.embed(src_tokens, lang_ids)
         states = [x]
         x = self.dropout(x)
@@ -267,12 +270,12 @@ class PartiallySharedRoberta(BaseFairseqModel):
         return logits.masked_fill(~self.vocab_masks[lang_of_row], float("-inf"))
 
     def forward(self, src_tokens, lang_ids=None, masked_tokens=None, features_only=False, return_all_hiddens=False,
-                masked_positions=None, **unused):
+                masked_positions=None, has_padding=None, **unused):
         """Logits of the positions chosen by `masked_tokens` (a (B, T) bool mask) or `masked_positions` (flat
         indices into B * T, ascending: the same rows, gathered without a host sync), else of every position."""
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
         with bf16_autocast(src_tokens.device, getattr(self.cfg, "amp_bf16", False)):
-            states = self.encode_layers(src_tokens, lang_ids)
+            states = self.encode_layers(src_tokens, lang_ids, has_padding=has_padding)
             extra = {"inner_states": states if return_all_hiddens else [states[-1]]}
             features = states[-1]
             if features_only:
