@@ -14,6 +14,7 @@ of cores divided by the CPU threads one run needs (its main process plus its dat
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -26,50 +27,75 @@ def default_slots(workers_per_run):
     return max(1, (os.cpu_count() or 1) // (1 + workers_per_run))
 
 
-def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None):
+def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None, then=None):
     """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
+
+    `then[i]` (optional) lists commands to run as soon as command i has succeeded (an evaluation of what it
+    trained): they go ahead of the queue, cost nothing, and their times follow the others' in the result.
 
     With `costs` (one number per command, e.g. its estimated GPU memory) and `capacity`, a run starts only while
     the costs of the running ones plus its own fit in `capacity` (a run alone always starts); commands start in
     their order, a later one that fits going ahead of an earlier one that does not.
     With `devices` (GPU indices) each run sees one GPU (CUDA_VISIBLE_DEVICES), the least loaded one it fits on, and
     `capacity` holds per GPU; without, every run sees the GPUs of the environment.
-    Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended.
+    Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended. On SIGTERM it
+    passes the signal on to the running ones (a packed_training process then saves its state to resume), waits
+    for them, and raises XmlmError.
     """
     if slots < 1:
         raise XmlmError(f"--slots must be at least 1, got {slots}")
     os.makedirs(log_dir, exist_ok=True)
-    costs = costs or [0] * len(commands)
+    commands = list(commands)
+    costs = list(costs or [0] * len(commands))
+    then = then or [[]] * len(commands)
     pending = list(range(len(commands)))
     running = {}  # index -> (process, log file, start time, device)
     wall, failed = {}, []
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("OMP_NUM_THREADS", "1")  # N processes x all cores of intra-op threads would thrash
-    while pending or running:
-        while pending and len(running) < slots:
-            placement = _place(pending, running, costs, capacity, devices or [None])
-            if placement is None:
-                break
-            index, device = placement
-            pending.remove(index)
-            log = open(os.path.join(log_dir, f"{index}.log"), "w")
-            own_env = child_env if device is None else {**child_env, "CUDA_VISIBLE_DEVICES": str(device)}
-            running[index] = (subprocess.Popen(commands[index], stdout=log, stderr=subprocess.STDOUT, env=own_env),
-                              log, time.perf_counter(), device)
-            where = "" if device is None else f" on GPU {device}"
-            print(f"gpu-pack: started run {index}{where} ({len(running)} running, {len(pending)} queued)",
-                  file=sys.stderr)
-        for index, (process, log, started, _) in list(running.items()):
-            if process.poll() is None:
-                continue
+    terminated = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
+    try:
+        while (pending or running) and not terminated:
+            while pending and len(running) < slots:
+                placement = _place(pending, running, costs, capacity, devices or [None])
+                if placement is None:
+                    break
+                index, device = placement
+                pending.remove(index)
+                log = open(os.path.join(log_dir, f"{index}.log"), "w")
+                own_env = child_env if device is None else {**child_env, "CUDA_VISIBLE_DEVICES": str(device)}
+                running[index] = (subprocess.Popen(commands[index], stdout=log, stderr=subprocess.STDOUT,
+                                                   env=own_env), log, time.perf_counter(), device)
+                where = "" if device is None else f" on GPU {device}"
+                print(f"gpu-pack: started run {index}{where} ({len(running)} running, {len(pending)} queued)",
+                      file=sys.stderr)
+            for index, (process, log, started, _) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                log.close()
+                wall[index] = time.perf_counter() - started
+                del running[index]
+                print(f"gpu-pack: run {index} ended (exit {process.returncode}) after {wall[index]:.0f}s",
+                      file=sys.stderr)
+                if process.returncode != 0:
+                    failed.append(index)
+                elif index < len(then) and then[index]:
+                    follow = list(range(len(commands), len(commands) + len(then[index])))
+                    commands += then[index]
+                    costs += [0] * len(follow)
+                    pending[:0] = follow
+            time.sleep(poll_s)
+        for process, _, _, _ in running.values():  # only after SIGTERM: pass it on, let them save their state
+            process.terminate()
+        for process, log, _, _ in running.values():
+            process.wait()
             log.close()
-            wall[index] = time.perf_counter() - started
-            del running[index]
-            if process.returncode != 0:
-                failed.append(index)
-            print(f"gpu-pack: run {index} ended (exit {process.returncode}) after {wall[index]:.0f}s",
-                  file=sys.stderr)
-        time.sleep(poll_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if terminated:
+        raise XmlmError(f"stopped by SIGTERM: {len(running)} runs were running, {len(pending)} had not started; "
+                        "rerun to go on (packed groups resume where they stopped)")
     if failed:
         logs = ", ".join(os.path.join(log_dir, f"{i}.log") for i in sorted(failed))
         raise XmlmError(f"{len(failed)} of {len(commands)} packed runs failed; see {logs}")

@@ -1,6 +1,6 @@
 """Train many Fake-English fairseq-train runs at once on one GPU, as stacked models (`examples/dufter --gpu-pack`).
 
-    python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32]
+    python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32] [--time-limit S]
 
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
@@ -27,13 +27,16 @@ run's exact draws depend on the group it was packed in; validation runs only at 
 at the end, not after every epoch; the optimiser state is not saved (a packed checkpoint is a finished model, not
 a resume point).
 `tests/test_packed_training.py` checks a packed update against fairseq's own Trainer on the same batches.
-A group is saved when it finishes; rerunning the same commands skips runs whose checkpoint and log exist.
+A group is saved when it finishes; rerunning the same commands skips runs whose checkpoint and log exist. SIGTERM,
+Ctrl-C or --time-limit suspend the group at the next step: it saves its whole state (`resume_path`) and exits 75,
+and rerunning the same commands resumes it to the result an uninterrupted run gives.
 """
 import argparse
 import json
 import math
 import os
 import shlex
+import signal
 import sys
 import time
 import warnings
@@ -49,6 +52,7 @@ from fairseq_xmlm.masking import Masker
 from fairseq_xmlm.optim.xmlm_adamw import parse_betas
 from fairseq_xmlm.stacked_encoder import StackedEncoder, check_stackable
 
+SUSPENDED = 75  # exit status of a process that saved its groups' state to resume (EX_TEMPFAIL)
 SUPPORTED = {"task": ("fake_english",), "criterion": ("masked_lm", "xmlm_masked_lm"),
              "optimizer": ("adam", "xmlm_adamw"), "lr_scheduler": ("polynomial_decay",)}
 
@@ -368,6 +372,26 @@ class PackedGroup:
         stacked.zero_grad()
         return losses.detach(), counts, batch
 
+    def state_dict(self):
+        """Everything a resumed group needs to go on exactly as if never stopped: weights, Adam, random streams."""
+        state = {"flat": self.stacked.flat, "exp_avg": self.adam.exp_avg, "exp_avg_sq": self.adam.exp_avg_sq,
+                 "adam_steps": self.adam.step_count, "updates": self.updates,
+                 "masking_rng": self.generator.get_state(), "dropout_rng": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["dropout_rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def load_state_dict(self, state):
+        self.stacked.flat.copy_(state["flat"])
+        self.stacked.refresh()
+        self.adam.exp_avg.copy_(state["exp_avg"])
+        self.adam.exp_avg_sq.copy_(state["exp_avg_sq"])
+        self.adam.step_count, self.updates = state["adam_steps"], state["updates"]
+        self.generator.set_state(state["masking_rng"])
+        torch.set_rng_state(state["dropout_rng"])
+        if self.device.type == "cuda" and "dropout_rng_cuda" in state:  # absent when suspended on the CPU
+            torch.cuda.set_rng_state(state["dropout_rng_cuda"], self.device)
+
     def validate_due(self, epoch, logs, final=False):
         """`valid` records of the runs whose --validate-interval-updates falls on this update (or at the end)."""
         for slot, (run, log, every) in enumerate(zip(self.runs, logs, self.validate_every)):
@@ -377,46 +401,92 @@ class PackedGroup:
                 log.flush()
 
 
-def train_group(runs, device, precision="bf16", progress=None):
-    """Train `runs` (one group_key) together; writes each run's log and checkpoint. Returns timing facts.
+def resume_path(runs):
+    """Where a suspended group keeps its state: beside its first run's checkpoint."""
+    return os.path.join(runs[0].cfg.checkpoint.save_dir, "packed_resume.pt")
+
+
+def read_resume(runs):
+    """The saved state of this very group (same commands, logs still there), or None."""
+    path = resume_path(runs)
+    if not os.path.exists(path):
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state["commands"] != [run.argv for run in runs] or not all(
+            os.path.exists(run.log_path + ".partial") for run in runs):
+        print(f"pack: {path} belongs to another group or lost its logs: starting afresh", file=sys.stderr)
+        return None
+    return state
+
+
+def train_group(runs, device, precision="bf16", progress=None, stop=None):
+    """Train `runs` (one group_key) together; writes each run's log and checkpoint. Returns timing facts, or None
+    when `stop()` turned true before the end: the group then saved its state (`resume_path`) and the next call with
+    the same runs goes on from there, with the same result as an uninterrupted run.
 
     Logs grow as `<log>.partial` and are renamed once the run's checkpoint is saved; a failure removes them.
     """
     for run in runs:
         os.makedirs(os.path.dirname(os.path.abspath(run.log_path)), exist_ok=True)
-    logs = [open(run.log_path + ".partial", "w") for run in runs]
+    resume = read_resume(runs)
+    logs = [open(run.log_path + ".partial", "a" if resume else "w") for run in runs]
     try:
-        facts = _train_group(runs, logs, device, precision, progress)
+        facts = _train_group(runs, logs, device, precision, progress, stop or (lambda: False), resume)
     except BaseException:
         for run, log in zip(runs, logs):
             log.close()
             os.remove(run.log_path + ".partial")
         raise
-    for run, log in zip(runs, logs):
+    for log in logs:
         log.close()
+    if facts is None:
+        return None
+    for run in runs:
         os.replace(run.log_path + ".partial", run.log_path)
+    if resume:
+        os.remove(resume_path(runs))
     return facts
 
 
-def _train_group(runs, logs, device, precision, progress):
+def _train_group(runs, logs, device, precision, progress, stop, resume):
     group = PackedGroup(runs, device, precision)
     total, per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
     if any((run.total_updates, run.updates_per_epoch) != (total, per_epoch) for run in runs):
         raise XmlmError("runs packed together must have the same number of updates per epoch and in all")
-    for run, log in zip(runs, logs):
-        log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs)}))
-    started, epoch, tokens_seen = time.perf_counter(), 0, 0
+    epoch, first_step, tokens_seen, seconds_before = 0, 0, 0, 0.0
+    if resume:
+        group.load_state_dict(resume["group"])
+        epoch, first_step = resume["epoch"] - 1, resume["step"]
+        tokens_seen, seconds_before = resume["tokens"], resume["seconds"]
+        print(f"pack: resuming at update {group.updates} (epoch {resume['epoch']})", file=sys.stderr, flush=True)
+    else:
+        for run, log in zip(runs, logs):
+            log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs)}))
+    started = time.perf_counter() - seconds_before
     while group.updates < total:
         epoch += 1
         schedules = [epoch_batches(run, epoch) for run in runs]
-        loss_sum = torch.zeros(len(runs), device=device)
-        target_count = torch.zeros(len(runs), device=device)
-        for step in range(min(per_epoch, total - group.updates)):
+        if first_step:
+            loss_sum, target_count = resume["loss_sum"].to(device), resume["target_count"].to(device)
+        else:
+            loss_sum, target_count = torch.zeros(len(runs), device=device), torch.zeros(len(runs), device=device)
+        for step in range(first_step, min(per_epoch, first_step + total - group.updates)):
+            if stop():
+                state = {"commands": [run.argv for run in runs], "group": group.state_dict(), "epoch": epoch,
+                         "step": step, "loss_sum": loss_sum, "target_count": target_count, "tokens": tokens_seen,
+                         "seconds": time.perf_counter() - started}
+                os.makedirs(runs[0].cfg.checkpoint.save_dir, exist_ok=True)
+                torch.save(state, resume_path(runs) + ".partial")
+                os.replace(resume_path(runs) + ".partial", resume_path(runs))
+                for log in logs:
+                    log.flush()
+                return None
             losses, counts, batch = group.step([schedule[step] for schedule in schedules])
             tokens_seen += batch[-1]
             loss_sum += losses
             target_count += counts
             group.validate_due(epoch, logs)
+        first_step = 0
         elapsed = time.perf_counter() - started
         mean_loss = (loss_sum / target_count.clamp(min=1) / math.log(2)).tolist()  # base 2, as fairseq logs
         next_lr = learning_rate(group.updates + 1, group.schedule, group.peak_lr)
@@ -445,8 +515,9 @@ def grouped(runs, max_group):
     return [members[i:i + max_group] for members in groups.values() for i in range(0, len(members), max_group)]
 
 
-def train_packed(commands, max_group=40, precision="bf16", device=None):
-    """Parse every command, group them, train each group; returns a summary per group."""
+def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None):
+    """Parse every command, group them, train each group; returns a summary per group, None for a group that
+    `stop()` suspended (the groups after it do not start)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     runs = [parse_run(argv) for argv in commands]
     pending = [run for run in runs if not run.done()]
@@ -463,9 +534,13 @@ def train_packed(commands, max_group=40, precision="bf16", device=None):
             run.build()
         print(f"{label}: training", file=sys.stderr, flush=True)
         facts = train_group(chunk, device, precision,
-                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True))
+                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True), stop=stop)
         for run in chunk:  # the next group's models take the memory
             run.task = run.model = run.criterion = None
+        if facts is None:
+            print(f"{label}: suspended, state in {resume_path(chunk)}; rerun to resume", file=sys.stderr, flush=True)
+            summary.append(None)
+            break
         print(f"{label}: done in {facts['seconds']:.0f}s, {facts['updates'] * facts['runs'] / facts['seconds']:.0f} "
               "run-updates/s", file=sys.stderr, flush=True)
         summary.append(facts)
@@ -485,10 +560,11 @@ def estimated_gpu_bytes(runs):
     return len(runs) * (20 * weights + 1.25 * activations)
 
 
-def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0):
+def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
     one group's Python overlaps the others' kernels. Larger models start first; with several GPUs each process
-    runs on one of them, the least loaded. Writes workdir/commands.<i>.txt,
+    runs on one of them, the least loaded. `then` maps a command (tuple of its argv) to the commands to run once
+    its group has trained (its evaluation), so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt,
     summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
@@ -510,8 +586,9 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     print(f"pack: {len(commands)} runs in {len(processes)} groups, at most {slots} processes at a time and as many "
           f"as fit in GPU memory ({len(devices or [0])} GPUs); progress in {logs}/", file=sys.stderr, flush=True)
     started = time.perf_counter()
+    follow = [[c for run in chunk for c in (then or {}).get(tuple(run.argv), [])] for chunk in chunks]
     run_packed(processes, slots, logs, costs=[estimated_gpu_bytes(chunk) for chunk in chunks], capacity=capacity,
-               devices=devices)
+               devices=devices, then=follow)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 
@@ -523,11 +600,24 @@ def main(argv=None):
     parser.add_argument("--max-group", type=int, default=40, help="most runs stacked into one model")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--summary", help="write the per-group timings here (json)")
+    parser.add_argument("--time-limit", type=float, default=0,
+                        help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
     args = parser.parse_args(argv)
     if args.max_group < 1:
         raise XmlmError(f"--max-group must be at least 1, got {args.max_group}")
     started = time.perf_counter()
-    summary = train_packed(read_commands(args.commands), args.max_group, args.precision)
+    signalled = []
+    # SIGTERM or Ctrl-C: finish the step, save the state, exit SUSPENDED
+    previous = {signum: signal.signal(signum, lambda *_: signalled.append(True))
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        summary = train_packed(read_commands(args.commands), args.max_group, args.precision, stop=lambda: bool(
+            signalled or (args.time_limit and time.perf_counter() - started > args.time_limit)))
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if summary and summary[-1] is None:
+        sys.exit(SUSPENDED)
     total = time.perf_counter() - started
     print(f"pack: {sum(g['runs'] for g in summary)} runs in {len(summary)} groups, {total:.0f}s", file=sys.stderr)
     if args.summary:

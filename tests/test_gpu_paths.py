@@ -1,8 +1,11 @@
 """The speed paths give the plain path's results: compiled layers, bf16 autocast, xmlm_adamw, sync-free embedding
 lookup, the GPU packer, and one batch iterator (with its workers) for the whole run. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 from argparse import Namespace
 
 import pytest
@@ -166,6 +169,33 @@ def test_run_packed_spreads_runs_over_gpus_by_memory(tmp_path):
     gpu, started = zip(*((tmp_path / f"{i}.log").read_text().split() for i in range(5)))
     assert gpu[:4] == ("0", "1", "0", "1")
     assert float(started[4]) >= max(map(float, started[:4])) + 0.3
+
+
+def test_run_packed_runs_follow_ups_of_successful_runs_first(tmp_path):
+    """then[i] starts as soon as run i succeeded, ahead of the queue; a failed run's follow-ups never start."""
+    def printing(label, status=0):
+        return [sys.executable, "-c", f"import sys,time;print('{label}', time.time());sys.exit({status})"]
+
+    commands = [printing("train_a"), printing("train_b", status=1), printing("queued")]
+    with pytest.raises(XmlmError, match=r"1 of 4 packed runs failed; see .*1\.log"):
+        run_packed(commands, slots=1, log_dir=tmp_path, poll_s=0.02,
+                   then=[[printing("eval_a")], [printing("eval_b")], []])
+    started = dict(p.read_text().split() for p in tmp_path.glob("*.log"))
+    assert sorted(started, key=lambda label: float(started[label])) == ["train_a", "eval_a", "train_b", "queued"]
+
+
+def test_run_packed_passes_sigterm_on_and_stops(tmp_path):
+    """SIGTERM to the packer reaches every running run (so a packed group can save its state), queued ones never
+    start, and the packer ends with one error."""
+    script = ("import signal,sys,time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: (print('saved state', flush=True), sys.exit(75)))\n"
+              "print('started', flush=True); time.sleep(30)")
+    commands = [[sys.executable, "-c", script] for _ in range(3)]
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(XmlmError, match="stopped by SIGTERM: 2 runs were running, 1 had not started"):
+        run_packed(commands, slots=2, log_dir=tmp_path, poll_s=0.02)
+    assert [(tmp_path / f"{i}.log").read_text().split("\n")[:2] for i in (0, 1)] == [["started", "saved state"]] * 2
+    assert not (tmp_path / "2.log").exists()
 
 
 EPOCHS_SCRIPT = """

@@ -126,3 +126,42 @@ def test_bad_commands(fake_english_data, tmp_path, capsys):
     listing.write_text(" ".join(bad + ["--sep-emb"]) + "\n")
     expect_cli_error(capsys, packed_training.main, [str(listing)], "no --sep-emb")
     expect_cli_error(capsys, packed_training.main, [str(tmp_path / "none.txt")], "command file not found")
+
+
+def test_suspended_group_resumes_to_the_same_result(fake_english_data, tmp_path):
+    """Stopped after 3 of 7 updates (dropout on: the random streams are saved too) and resumed by fresh runs, as a
+    new process would: the same weights and the same log records as one uninterrupted run."""
+    def group(folder):
+        return [packed_training.parse_run(command(fake_english_data, tmp_path / folder, name, 1, *flags,
+                                                  "--max-update", "7")).build()
+                for name, flags in (("a", ()), ("b", ("--shift-special",)))]
+
+    cpu = torch.device("cpu")
+    packed_training.train_group(group("whole"), cpu, "fp32")
+    steps = iter(range(100))
+    split = group("split")
+    assert packed_training.train_group(split, cpu, "fp32", stop=lambda: next(steps) == 3) is None
+    assert (tmp_path / "split" / "a" / "checkpoints" / "packed_resume.pt").exists()
+    assert not (tmp_path / "split" / "a" / "checkpoints" / "checkpoint_last.pt").exists()
+    assert packed_training.train_group(group("split"), cpu, "fp32")["updates"] == 7
+    assert not (tmp_path / "split" / "a" / "checkpoints" / "packed_resume.pt").exists()
+    for name in "ab":
+        whole, split = (load_checkpoint(tmp_path / folder / name / "checkpoints" / "checkpoint_last.pt")[0]
+                        for folder in ("whole", "split"))
+        for (key, value), other in zip(whole.state_dict().items(), split.state_dict().values()):
+            assert torch.equal(value, other), key
+        records = [[{k: v for k, v in r.items() if k not in ("train_wall", "seconds", "tokens_per_s")}
+                    for r in read_fairseq_log(tmp_path / folder / name / "train.log", "train")]
+                   for folder in ("whole", "split")]
+        assert records[0] == records[1] and records[0][-1]["train_num_updates"] == 7
+
+
+def test_cli_time_limit_suspends_and_a_rerun_finishes(fake_english_data, tmp_path):
+    listing = tmp_path / "commands.txt"
+    listing.write_text(" ".join(command(fake_english_data, tmp_path, "a", 1, "--max-update", "5")) + "\n")
+    with pytest.raises(SystemExit) as stopped:
+        packed_training.main([str(listing), "--time-limit", "1e-9"])
+    assert stopped.value.code == packed_training.SUSPENDED
+    assert (tmp_path / "a" / "train.log.partial").exists() and not (tmp_path / "a" / "train.log").exists()
+    packed_training.main([str(listing)])
+    assert read_fairseq_log(tmp_path / "a" / "train.log", "train")[-1]["train_num_updates"] == 5

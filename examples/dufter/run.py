@@ -1,12 +1,14 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
-    python examples/dufter/run.py [full|quick] [--seeds N] [--ids 0,1,...] [--dry-run] [--gpu-pack]
+    python examples/dufter/run.py [full|quick] [--seeds N] [--ids 0,1,...] [--dry-run] [--gpu-pack] [--report]
 
 For every run ID (tables.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
 into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
-Then results/dufter/table1.md, table2.md and the figures (PNG) are written from whatever results exist.
-With --gpu-pack every pending run is trained at once as stacked models (fairseq_xmlm.packed_training) and the
-evaluations run side by side: the whole of Tables 1 and 2 on one GPU.
+Then results/dufter/table1.md, table2.md and the figures (PNG) are written from whatever results exist (--report
+writes only them).
+With --gpu-pack every pending run is trained at once as stacked models (fairseq_xmlm.packed_training), side by
+side on the GPU or GPUs, each run evaluated as soon as its group has trained: the whole of Tables 1 and 2 in one
+command. SIGTERM suspends the packed groups (they save their state) and the same command resumes them.
 """
 import argparse
 import json
@@ -169,39 +171,43 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args
 
 
 def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run):
-    """--gpu-pack: the untrained checkpoints side by side, every trained run through fairseq_xmlm.packed_training
-    (stacked models, one process per group), then the evaluations side by side, spread over the GPUs when there
-    are several; prints and saves the stage times."""
+    """--gpu-pack: the runs trained before but not evaluated are evaluated, the untrained checkpoints are made, and
+    every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group), all side
+    by side and spread over the GPUs when there are several. Each run is evaluated as soon as its checkpoint
+    exists, so a sweep stopped midway keeps every result it finished. Prints and saves the stage times."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     results.mkdir(parents=True, exist_ok=True)
-    stages, untrained, commands = {}, [], []
+    stages, ready, untrained, commands, then = {}, [], [], [], {}
     for run_id, seed in pending:
         run_dir = runs_dir / run_id / f"seed{seed}"
+        evaluation = [list(map(str, evaluate_command(run_id, run_dir, data, preset)))]
         if trained(run_id, run_dir):
+            ready += evaluation
             continue
         command = train_command(run_id, seed, data, run_dir / "checkpoints", preset, knn_table)
         if RUNS[run_id].untrained:
-            untrained.append(command)
+            untrained.append((list(map(str, command)), evaluation))
         else:
-            commands.append(command + ["--log-file", run_dir / "train.log"])
-    evaluations = [evaluate_command(run_id, runs_dir / run_id / f"seed{seed}", data, preset) for run_id, seed in pending]
+            commands.append(list(map(str, command + ["--log-file", run_dir / "train.log"])))
+            then[tuple(commands[-1])] = evaluation
     if dry_run:
-        for command in untrained + commands + evaluations:
-            log("+ " + " ".join(map(str, command)))
+        for command in ready + [c for pair in untrained for c in (pair[0], *pair[1])]:
+            log("+ " + " ".join(command))
+        for command in commands:
+            log("+ " + " ".join(command))
+            log("+ " + " ".join(then[tuple(command)][0]))
         return
     started = time.perf_counter()
-    if untrained:
-        run_packed([list(map(str, c)) for c in untrained], slots, results / "logs" / "untrained", devices=several_gpus())
-    stages["untrained_s"] = time.perf_counter() - started
+    if ready or untrained:
+        run_packed(ready + [pair[0] for pair in untrained], slots, results / "logs" / "untrained_and_ready",
+                   devices=several_gpus(), then=[[]] * len(ready) + [pair[1] for pair in untrained])
+    stages["untrained_and_ready_s"] = time.perf_counter() - started
     if commands:
         from fairseq_xmlm.packed_training import train_side_by_side
 
-        train_side_by_side([list(map(str, c)) for c in commands], results / "pack", max_group, slots=slots)
-    stages["training_s"] = time.perf_counter() - started - stages["untrained_s"]
-    run_packed([list(map(str, c)) for c in evaluations], slots, results / "logs" / "eval", devices=several_gpus())
-    stages["total_s"] = time.perf_counter() - started
-    stages["evaluation_s"] = stages["total_s"] - stages["training_s"] - stages["untrained_s"]
+        train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then)
+    stages["training_and_evaluation_s"] = time.perf_counter() - started - stages["untrained_and_ready_s"]
     stages.update(runs=len(pending), trained_runs=len(commands), device=_device_name(),
                   date=time.strftime("%Y-%m-%d %H:%M"))
     timing = results / "packed_timing.json"  # one record per invocation: a table may take several
@@ -247,6 +253,13 @@ def write_figures(runs_dir, out_dir, data):
         figures.plot_training_curves(curves, out_dir / "fig6_7_training_curves.png")
 
 
+def write_report(runs_dir, results, data, ids):
+    for path in write_tables(runs_dir, results, ids=ids):
+        log(f"wrote {path}")
+        print(path.read_text())
+    write_figures(runs_dir, results, data)
+
+
 @cli_errors
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -256,11 +269,15 @@ def main(argv=None):
     parser.add_argument("--data", default=str(REPO / "data-bin" / "fake_english"))
     parser.add_argument("--results", default=str(REPO / "results" / "dufter"))
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--report", action="store_true",
+                        help="train and evaluate nothing: write the tables and figures from the results present "
+                             "(e.g. copied back from a GPU machine)")
     parser.add_argument("--train-args", default="",
                         help="extra fairseq-train options, e.g. '--fp16 --optimizer xmlm_adamw --num-workers 2'")
     parser.add_argument("--gpu-pack", action="store_true",
-                        help="train the runs as stacked models, one process per group side by side "
-                             "(fairseq_xmlm.packed_training, bf16), evaluate side by side; --train-args do not apply")
+                        help="train the runs as stacked models, one process per group side by side on the GPU(s) "
+                             "(fairseq_xmlm.packed_training, bf16), each run evaluated once trained; SIGTERM "
+                             "suspends the groups, a rerun resumes them; --train-args do not apply")
     parser.add_argument("--pack-slots", type=int, default=0,
                         help="--gpu-pack: processes (groups, evaluations, untrained runs) at a time (0: CPU cores / 2)")
     parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
@@ -273,6 +290,9 @@ def main(argv=None):
     seeds = SEEDS[: args.seeds or preset["seeds"]]
     data, results = Path(args.data), Path(args.results)
     runs_dir = results / "runs"
+    if args.report:
+        write_report(runs_dir, results, data, ids)
+        return
     ensure_data(data, args.dry_run)
     knn_table = results / "knn_table.pt"
     if any(RUNS[run_id].needs_knn for run_id in ids) and not knn_table.exists():
@@ -289,12 +309,8 @@ def main(argv=None):
         for run_id in ids:
             for seed in seeds:
                 run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run, shlex.split(args.train_args))
-    if args.dry_run:
-        return
-    for path in write_tables(runs_dir, results, ids=ids):
-        log(f"wrote {path}")
-        print(path.read_text())
-    write_figures(runs_dir, results, data)
+    if not args.dry_run:
+        write_report(runs_dir, results, data, ids)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def _number(value):
 
 
 def curves_over_seeds(logs, metric, tag="valid"):
-    """Mean and std over seeds of `{tag}_{metric}` at the updates every seed's log has.
+    """Mean and (sample) std over seeds of `{tag}_{metric}` at the updates every seed's log has.
 
     logs: list of log paths (one per seed). Returns (updates, mean, std) as numpy arrays.
     """
@@ -117,7 +117,8 @@ def curves_over_seeds(logs, metric, tag="valid"):
         raise XmlmError(f"no '{tag}_{metric}' records shared by the logs {[str(p) for p in logs]} "
                         "(train with --log-format json and --eval-multilinguality)")
     values = np.array([[series[u] for u in common] for series in per_seed])
-    return np.array(common), values.mean(axis=0), values.std(axis=0)
+    std = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(len(common))
+    return np.array(common), values.mean(axis=0), std
 
 
 def plot_training_curves(runs, path, metrics=("mu", "retrieval0", "retrieval8", "translation0", "translation8")):
@@ -129,16 +130,20 @@ def plot_training_curves(runs, path, metrics=("mu", "retrieval0", "retrieval8", 
             left.plot(updates, mean, label=metric, linewidth=2 if metric == "mu" else 1)
             left.fill_between(updates, mean - std, mean + std, alpha=0.2)
         left.set_ylim(0, 1)
-        left.set_title(f"{label}: multilinguality")
+        seeds = f"{len(logs)} seed{'s' if len(logs) > 1 else ''}"
+        left.set_title(f"{label}: multilinguality ({seeds})")
         left.legend(fontsize=7)
         for tag in ("train", "valid"):
-            updates, mean, std = curves_over_seeds(logs, "ppl", tag)
-            right.plot(updates, mean, label=f"{tag} perplexity")
-            right.fill_between(updates, mean - std, mean + std, alpha=0.2)
+            # over seeds in log space (fairseq's base-2 loss): one run that fails to learn widens the band
+            # instead of swamping the mean, and the band stays positive on the log axis
+            updates, mean, std = curves_over_seeds(logs, "loss", tag)
+            right.plot(updates, 2 ** mean, label=f"{tag} perplexity")
+            right.fill_between(updates, 2 ** (mean - std), 2 ** (mean + std), alpha=0.2)
         right.set_yscale("log")
-        right.set_title(f"{label}: MLM perplexity")
+        right.set_title(f"{label}: MLM perplexity ({seeds})")
         right.legend(fontsize=7)
         for axis in (left, right):
             axis.set_xlabel("updates")
+    fig.tight_layout()
     return _save(fig, path)
 
