@@ -17,6 +17,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
@@ -54,7 +55,9 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("OMP_NUM_THREADS", "1")  # N processes x all cores of intra-op threads would thrash
     terminated = []
-    previous = signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
+    # only the main thread may set a handler; elsewhere SIGTERM keeps its default (the children are left running)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: terminated.append(True)) if in_main else None
     try:
         while (pending or running) and not terminated:
             while pending and len(running) < slots:
@@ -92,7 +95,8 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
             process.wait()
             log.close()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     if terminated:
         raise XmlmError(f"stopped by SIGTERM: {len(running)} runs were running, {len(pending)} had not started; "
                         "rerun to go on (packed groups resume where they stopped)")

@@ -87,3 +87,16 @@ def test_a_broken_result_file_is_named(tmp_path):
     path.write_text("{not json")
     with pytest.raises(XmlmError, match="seed1/eval.json: not a valid eval JSON"):
         write_tables(tmp_path / "runs", tmp_path / "out")
+
+
+def test_a_seed_that_did_not_learn_is_named_below_the_table(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, ppl in ((1, 11.0), (2, 12.0), (3, 564.0)):
+        write_result(runs, "0", seed, dict(fake_result(0.6), checkpoint=f"runs/0/seed{seed}/ck.pt", ppl={
+            "train": ppl, "valid": 200.0}))
+    for seed, ppl in ((1, 11.0), (2, 500.0)):  # two seeds: no median to speak of
+        write_result(runs, "2", seed, dict(fake_result(0.5), ppl={"train": ppl, "valid": 200.0}))
+    text = write_tables(runs, tmp_path / "out")[0].read_text()
+    assert "| 0 | original | 3 | 0.60 ± 0.00 |" in text  # still in the mean
+    notes = [line for line in text.splitlines() if line.startswith("- ID")]
+    assert notes == ["- ID 0: runs/0/seed3/ck.pt (train perplexity 564, row mean 196)"]

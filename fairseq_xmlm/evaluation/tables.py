@@ -7,6 +7,7 @@ perplexity), with the paper's mu beside ours.
 import json
 import math
 import os
+import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,11 +123,22 @@ def mean_std(values):
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def did_not_learn(results, factor=10.0):
+    """The results (of one row's seeds, at least 3) whose training perplexity is over `factor` x the row's median:
+    a seed whose training diverged or never took off. They stay in the mean; the table names them."""
+    if len(results) < 3:
+        return []
+    median = statistics.median(r["ppl"]["train"] for r in results)
+    return [r for r in results if r["ppl"]["train"] > factor * median]
+
+
 def aggregate(results, layers=("0", "8")):
-    """A run's eval JSONs (one per seed) -> {column: (mean, std)} and "n": number of seeds."""
+    """A run's eval JSONs (one per seed) -> {column: (mean, std)}, "n": number of seeds, "did_not_learn": the
+    checkpoints and train perplexities of seeds far worse than the others (`did_not_learn`)."""
     rows = [result_columns(r, layers) for r in results]
     summary = {column: mean_std([row[column] for row in rows]) for column in COLUMNS}
     summary["n"] = len(rows)
+    summary["did_not_learn"] = [(r["checkpoint"], r["ppl"]["train"]) for r in did_not_learn(results)]
     return summary
 
 
@@ -157,6 +169,11 @@ def markdown_table(ids, summaries, paper, title):
                          + " | ".join(cells[1:]) + " |")
         else:
             lines.append(f"| {run_id} | {RUNS[run_id].description} | 0 | – | {paper_mu} |" + " – |" * 8)
+    flagged = [(run_id, summaries[run_id]) for run_id in ids if summaries.get(run_id, {}).get("did_not_learn")]
+    if flagged:
+        lines += ["", "Seeds that did not learn (train perplexity over 10x the median of their row; included above):"]
+        lines += [f"- ID {run_id}: {checkpoint} (train perplexity {ppl:.0f}, row mean {summary['ppl_train'][0]:.0f})"
+                  for run_id, summary in flagged for checkpoint, ppl in summary["did_not_learn"]]
     lines += ["", "Paper (Dufter & Schütze 2020), same columns:", "", HEADER, rule]
     for run_id in ids:
         if run_id in paper:
