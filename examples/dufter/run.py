@@ -257,6 +257,11 @@ def write_report(runs_dir, results, data, ids):
     for path in write_tables(runs_dir, results, ids=ids):
         log(f"wrote {path}")
         print(path.read_text())
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # e.g. a GPU machine with the training stack only
+        log("figures skipped: matplotlib is not installed here; `run.py --report` draws them where it is")
+        return
     write_figures(runs_dir, results, data)
 
 
