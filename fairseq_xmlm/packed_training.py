@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import shlex
 import signal
 import sys
@@ -411,8 +412,12 @@ def read_resume(runs):
     path = resume_path(runs)
     if not os.path.exists(path):
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if state["commands"] != [run.argv for run in runs] or not all(
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:  # the group can start over
+        print(f"pack: {path} is unreadable ({type(err).__name__}): starting afresh", file=sys.stderr)
+        return None
+    if not isinstance(state, dict) or state.get("commands") != [run.argv for run in runs] or not all(
             os.path.exists(run.log_path + ".partial") for run in runs):
         print(f"pack: {path} belongs to another group or lost its logs: starting afresh", file=sys.stderr)
         return None

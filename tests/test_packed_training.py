@@ -156,12 +156,14 @@ def test_suspended_group_resumes_to_the_same_result(fake_english_data, tmp_path)
         assert records[0] == records[1] and records[0][-1]["train_num_updates"] == 7
 
 
-def test_cli_time_limit_suspends_and_a_rerun_finishes(fake_english_data, tmp_path):
+def test_cli_time_limit_suspends_and_a_rerun_finishes(fake_english_data, tmp_path, capsys):
     listing = tmp_path / "commands.txt"
     listing.write_text(" ".join(command(fake_english_data, tmp_path, "a", 1, "--max-update", "5")) + "\n")
     with pytest.raises(SystemExit) as stopped:
         packed_training.main([str(listing), "--time-limit", "1e-9"])
     assert stopped.value.code == packed_training.SUSPENDED
     assert (tmp_path / "a" / "train.log.partial").exists() and not (tmp_path / "a" / "train.log").exists()
-    packed_training.main([str(listing)])
+    (tmp_path / "a" / "checkpoints" / "packed_resume.pt").write_bytes(b"not a torch file")  # e.g. a full disk
+    packed_training.main([str(listing)])  # starts afresh, says so
+    assert "is unreadable" in capsys.readouterr().err
     assert read_fairseq_log(tmp_path / "a" / "train.log", "train")[-1]["train_num_updates"] == 5
