@@ -40,9 +40,12 @@ def test_two_ranks_train_one_model_on_half_the_batches_each(fake_english_data, t
             "--distributed-no-spawn", "--save-dir", str(tmp_path / f"rank{rank}"), "--no-epoch-checkpoints",
             "--disable-validation", "--log-format", "simple", "--log-interval", "2", "--seed", "1",
         ]
-        processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
-    logs = [p.communicate(timeout=300)[0] for p in processes]
+        with open(tmp_path / f"rank{rank}.log", "w") as out:  # files, not pipes: a full pipe would stall its rank
+            processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                              env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    for p in processes:
+        p.wait(timeout=300)
+    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in (0, 1)]
     for rank, (p, log) in enumerate(zip(processes, logs)):
         assert p.returncode == 0, f"rank {rank}:\n{log[-3000:]}"
     rows = train_inner_fields(logs[0])
