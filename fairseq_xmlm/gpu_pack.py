@@ -9,7 +9,9 @@ each one's CPU work overlaps the others' kernels. A recipe builds its list of co
 
 Each run's stdout+stderr goes to `log_dir/<index>.log`; runs that fail are named in one error at the end (the
 others still finish). Slots beyond the CPU count only queue behind each other, so `default_slots()` is the number
-of cores divided by the CPU threads one run needs (its main process plus its data-loader workers).
+of cores divided by the CPU threads one run needs (its main process plus its data-loader workers). On a machine
+with several GPUs `run_packed(devices=...)` gives each run one of them; `then=` starts a run's follow-ups (its
+evaluation) as soon as it succeeds; SIGTERM is passed on to the running ones.
 """
 import argparse
 import os
