@@ -1,6 +1,9 @@
 """examples/dufter/run.py: the commands it plans, fairseq-train's or --gpu-pack's, and its bad-input errors."""
 import importlib.util
 
+import pytest
+import torch
+
 from conftest import REPO, expect_cli_error
 
 
@@ -29,6 +32,13 @@ def test_gpu_pack_plans_packed_training(fake_english_data, tmp_path, capsys):
     assert sum("eval_mult" in c for c in packed) == 4 == sum("eval_mult" in c for c in per_run)
     # the fairseq-train commands of the per-run mode are the packed ones without the log file
     assert [c for c in per_run if "fairseq_cli.train" in c] == [c.split(" --log-file")[0] for c in train]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_gpu_pack_refuses_to_run_without_a_gpu(fake_english_data, tmp_path, capsys):
+    expect_cli_error(capsys, recipe().main, ["full", "--ids", "0", "--gpu-pack", "--data", str(fake_english_data),
+                                             "--results", str(tmp_path)], "--gpu-pack trains on a GPU")
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
 
 
 def test_gpu_pack_refuses_train_args(fake_english_data, tmp_path, capsys):

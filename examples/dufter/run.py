@@ -298,6 +298,9 @@ def main(argv=None):
     if args.report:
         write_report(runs_dir, results, data, ids)
         return
+    if args.gpu_pack and not args.dry_run and not _has_cuda():  # bf16 stacked models on a CPU: hours per run
+        raise XmlmError("--gpu-pack trains on a GPU and none is visible here; without --gpu-pack each run is a "
+                        "fairseq-train on the CPU")
     ensure_data(data, args.dry_run)
     knn_table = results / "knn_table.pt"
     if any(RUNS[run_id].needs_knn for run_id in ids) and not knn_table.exists():
