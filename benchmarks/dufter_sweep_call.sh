@@ -16,5 +16,6 @@ left=$(( ${SWEEP_SECONDS:-540} - (SECONDS - start) ))
 timeout -s TERM "$left" python3 examples/dufter/run.py full --seeds "${SEEDS:-5}" --gpu-pack > "$log" 2>&1
 status=$?
 grep -v DEBUG "$log" | tail -15
+python3 examples/dufter/run.py full --seeds "${SEEDS:-5}" --status 2>/dev/null
 if [ "$status" -eq 0 ]; then echo "sweep: complete"; else echo "sweep: not finished (exit $status); call again"; fi
 tar czf "$OUT/dufter.tgz" --exclude='*.pt' results/dufter

@@ -56,3 +56,19 @@ def test_report_writes_tables_from_the_results_present_and_trains_nothing(fake_e
     assert "| 0 | original | 1 | 0.60 ± 0.00 | 0.70 |" in (tmp_path / "table1.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "table1.md", "table2.md"]  # nothing trained
     assert "fairseq_cli.train" not in capsys.readouterr().err
+
+
+def test_status_counts_each_state_per_run_id(tmp_path, capsys):
+    from test_tables import fake_result, write_result
+
+    runs = tmp_path / "runs"
+    write_result(runs, "0", 0, fake_result(0.6))  # evaluated
+    (runs / "0" / "seed42" / "checkpoints").mkdir(parents=True)  # trained, not evaluated
+    (runs / "0" / "seed42" / "checkpoints" / "checkpoint_last.pt").write_bytes(b"")
+    (runs / "0" / "seed42" / "train.log").write_text("")
+    (runs / "0" / "seed43").mkdir()  # its packed group suspended
+    (runs / "0" / "seed43" / "train.log.partial").write_text("")
+    recipe().main(["full", "--status", "--ids", "0,1", "--results", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-8:] == ["evaluated", "1", "trained", "1", "started", "1", "pending", "2"]
+    assert lines[1].split()[-8:] == ["evaluated", "0", "trained", "0", "started", "0", "pending", "5"]

@@ -1,6 +1,6 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
-    python examples/dufter/run.py [full|quick] [--seeds N] [--ids 0,1,...] [--dry-run] [--gpu-pack] [--report]
+    python examples/dufter/run.py [full|quick] [--seeds N] [--ids 0,1,...] [--dry-run] [--gpu-pack] [--report|--status]
 
 For every run ID (tables.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
 into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
@@ -154,6 +154,25 @@ def trained(run_id, run_dir):
     return checkpoint_of(run_id, run_dir).exists() and (run_dir / "train.log").exists()
 
 
+def run_state(run_id, run_dir):
+    """Where one run stands: evaluated, trained (not yet evaluated), started (its training log still growing, or
+    its packed group suspended), or pending."""
+    if (run_dir / "eval.json").exists():
+        return "evaluated"
+    if trained(run_id, run_dir):
+        return "trained"
+    return "started" if (run_dir / "train.log.partial").exists() else "pending"
+
+
+def print_status(runs_dir, ids, seeds):
+    """One line per run ID: how many of its seeds are in each state (see `run_state`)."""
+    states = ("evaluated", "trained", "started", "pending")
+    for run_id in ids:
+        counts = [run_state(run_id, runs_dir / run_id / f"seed{seed}") for seed in seeds]
+        print(f"{run_id:>4} {RUNS[run_id].description:<45} "
+              + "  ".join(f"{state} {counts.count(state)}" for state in states))
+
+
 def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args=()):
     run_dir = runs_dir / run_id / f"seed{seed}"
     if (run_dir / "eval.json").exists():
@@ -274,6 +293,9 @@ def main(argv=None):
     parser.add_argument("--data", default=str(REPO / "data-bin" / "fake_english"))
     parser.add_argument("--results", default=str(REPO / "results" / "dufter"))
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--status", action="store_true",
+                        help="print how many seeds of each run ID are evaluated, trained, started or pending; "
+                             "change nothing")
     parser.add_argument("--report", action="store_true",
                         help="train and evaluate nothing: write the tables and figures from the results present "
                              "(e.g. copied back from a GPU machine)")
@@ -295,6 +317,9 @@ def main(argv=None):
     seeds = SEEDS[: args.seeds or preset["seeds"]]
     data, results = Path(args.data), Path(args.results)
     runs_dir = results / "runs"
+    if args.status:
+        print_status(runs_dir, ids, seeds)
+        return
     if args.report:
         write_report(runs_dir, results, data, ids)
         return
