@@ -11,6 +11,7 @@ side on the GPU or GPUs, each run evaluated as soon as its group has trained: th
 command. SIGTERM suspends the packed groups (they save their state) and the same command resumes them.
 """
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -276,9 +277,7 @@ def write_report(runs_dir, results, data, ids):
     for path in write_tables(runs_dir, results, ids=ids):
         log(f"wrote {path}")
         print(path.read_text())
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:  # e.g. a GPU machine with the training stack only
+    if importlib.util.find_spec("matplotlib") is None:  # e.g. a GPU machine with the training stack only
         log("figures skipped: matplotlib is not installed here; `run.py --report` draws them where it is")
         return
     write_figures(runs_dir, results, data)
