@@ -45,10 +45,8 @@ def main():
             run_dir = out / run_id / f"seed{seed}"
             command = recipe.train_command(run_id, seed, data, run_dir / "checkpoints", recipe.PRESETS["full"],
                                            args.knn_table)
-            # no validation hook: the timing is of training alone
-            for flag in ("--eval-multilinguality",):
-                if flag in command:
-                    command.remove(flag)
+            if "--eval-multilinguality" in command:  # no multilinguality hook: the timing is of training
+                command.remove("--eval-multilinguality")
             commands.append([str(c) for c in command] + ["--max-update", str(args.updates),
                                                          "--log-file", str(run_dir / "train.log")])
     result = train_side_by_side(commands, out / "pack", args.max_group)

@@ -51,7 +51,7 @@ from fairseq_xmlm.errors import XmlmError, cli_errors
 from fairseq_xmlm.gpu_pack import read_commands
 from fairseq_xmlm.masking import Masker
 from fairseq_xmlm.optim.xmlm_adamw import parse_betas
-from fairseq_xmlm.stacked_encoder import StackedEncoder, check_stackable
+from fairseq_xmlm.stacked_encoder import StackedEncoder
 
 SUSPENDED = 75  # exit status of a process that saved its groups' state to resume (EX_TEMPFAIL)
 SUPPORTED = {"task": ("fake_english",), "criterion": ("masked_lm", "xmlm_masked_lm"),
@@ -81,12 +81,10 @@ class Run:
     def build(self):
         from fairseq import tasks, utils
 
-        cfg = self.cfg
-        utils.import_user_module(cfg.common)
+        cfg = self.cfg  # parse_run imported the user dir (parse_args_and_arch does) and checked the model config
         utils.set_torch_seed(cfg.common.seed)
         self.task = tasks.setup_task(cfg.task)
         self.model = self.task.build_model(cfg.model)
-        check_stackable(self.model)
         self.criterion = self.task.build_criterion(cfg.criterion)
         self.task.load_dataset("train")
         self.updates_per_epoch = len(epoch_batches(self, 1))
@@ -106,8 +104,9 @@ def strip_program(argv):
 
 
 def parse_run(argv):
-    """fairseq's own parser and config conversion for one fairseq-train command line; unsupported settings fail."""
-    from fairseq import options, utils
+    """fairseq's own parser and config conversion for one fairseq-train command line (which also imports its
+    --user-dir); unsupported settings fail."""
+    from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parser = options.get_training_parser()
@@ -131,7 +130,6 @@ def parse_run(argv):
         raise XmlmError("packed training needs --batch-size (no --max-tokens, no --update-freq)")
     if cfg.model.sep_emb or cfg.model.sep_layers:
         raise XmlmError("packed training supports shared embeddings and layers only (no --sep-emb / --sep-layers)")
-    utils.import_user_module(cfg.common)
     return Run(argv, cfg)
 
 

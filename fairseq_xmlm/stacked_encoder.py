@@ -85,6 +85,9 @@ class StackedEncoder:
             weight = self._view(self.compute, name).detach().requires_grad_()
             weight.grad = self._view(self.compute_grad, name)
             self.weights[name] = weight
+        # each layer's weights under their in-layer names, looked up once here rather than at every step
+        self.layer_weights = [{name[len(f"layers.{i}.0."):]: weight for name, weight in self.weights.items()
+                               if name.startswith(f"layers.{i}.0.")} for i in range(self.num_layers)]
 
     def _view(self, buffer, name):
         _, offset, size, shape = next(entry for entry in self.layout if entry[0] == name)
@@ -125,8 +128,7 @@ class StackedEncoder:
 
     def layer(self, i, x, keep, dropout, attention_dropout):
         """Post-LayerNorm BERT layer i of every model; x (N, B, T, D), keep (N*B, 1, 1, T) or None."""
-        w = {name[len(f"layers.{i}.0."):]: weight for name, weight in self.weights.items()
-             if name.startswith(f"layers.{i}.0.")}
+        w = self.layer_weights[i]
         n, b, t, d = x.shape
         h = x.reshape(n, b * t, d)
         qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
