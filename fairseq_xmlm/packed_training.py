@@ -565,15 +565,18 @@ def estimated_gpu_bytes(runs):
 
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
-    one group's Python overlaps the others' kernels. Larger models start first; with several GPUs each process
-    runs on one of them, the least loaded. `then` maps a command (tuple of its argv) to the commands to run once
-    its group has trained (its evaluation), so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt,
-    summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
+    one group's Python overlaps the others' kernels. Groups start seed by seed, larger models first within a seed;
+    with several GPUs each process runs on one of them, the least loaded. `then` maps a command (tuple of its argv)
+    to the commands to run once its group has trained (its evaluation), so a sweep cut short keeps every result it
+    finished. Writes workdir/commands.<i>.txt, summary.<i>.json and logs/<i>.log; returns the wall time and the
+    per-process summaries."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     os.makedirs(workdir, exist_ok=True)
     chunks = grouped([parse_run(command) for command in commands], max_group)
-    chunks.sort(key=lambda chunk: (-chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
+    # seed by seed, larger models first within one: a sweep cut short (a lease's end) leaves whole seeds done
+    # rather than every seed's groups half-trained
+    chunks.sort(key=lambda chunk: (chunk[0].cfg.common.seed, -chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
     processes, summaries = [], []
     for index, chunk in enumerate(chunks):
         listing, summary = os.path.join(workdir, f"commands.{index}.txt"), os.path.join(workdir, f"summary.{index}.json")

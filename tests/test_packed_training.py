@@ -105,8 +105,9 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
 
 
 def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
-    commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (1, 2)]
+    commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (2, 1)]
     result = packed_training.train_side_by_side(commands, tmp_path / "pack")  # bf16, as on the GPU
+    assert "--seed 1 " in (tmp_path / "pack" / "commands.0.txt").read_text()  # seed by seed
     assert [[g["runs"] for g in p["groups"]] for p in result["processes"]] == [[1], [1]]
     assert sorted(p.name for p in (tmp_path / "pack" / "logs").iterdir()) == ["0.log", "1.log"]
     for seed in (1, 2):
