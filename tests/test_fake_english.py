@@ -157,6 +157,20 @@ def test_no_parallel_halves_are_disjoint(fake_english_data):
     assert len(items) == len(sentences)
 
 
+def test_dev_targets_are_masked_only(fake_english_data, tmp_path):
+    """Validation perplexity measures what Table 1's dev column does, whatever corruption training uses."""
+    write_twin_table(make_task(fake_english_data), tmp_path / "knn.pt")
+    task = make_task(fake_english_data, knn_replace=3, knn_table=str(tmp_path / "knn.pt"))
+    train, valid = batches(task, "train", n=1)[0], batches(task, "valid", n=3)
+    assert task.datasets["train"].masker.probs == (0.5, 0.1, 0.1, 0.3)
+    mask_ids = torch.tensor([task.specials_of(0)[2], task.specials_of(1)[2]])
+    for batch in valid:
+        targets = batch["target"] != task.dictionary.pad()
+        assert targets.any() and torch.isin(batch["net_input"]["src_tokens"][targets], mask_ids).all()
+    targets = train["target"] != task.dictionary.pad()
+    assert not torch.isin(train["net_input"]["src_tokens"][targets], mask_ids).all()
+
+
 def test_same_seed_same_masks_new_epoch_new_masks(fake_english_data):
     first = batches(make_task(fake_english_data), n=3)
     again = batches(make_task(fake_english_data), n=3)

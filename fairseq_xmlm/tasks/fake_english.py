@@ -153,11 +153,14 @@ class FakeEnglishTask(SharedDictionaryTask):
         ids = torch.arange(len(self.dictionary))
         return torch.stack([ids < self.english_size, ids >= self.english_size])
 
-    def build_masker(self):
+    def build_masker(self, mask_only=False):
         v = self.english_size
         real = real_symbol_ids(self.english, exclude=self.special_ids)
         # Random words come from the whole vocabulary of both languages (BERT's choice, Dufter's default).
         candidates, counts = candidate_table([torch.cat([real, real + v])])
+        if mask_only:
+            return Masker(self.cfg.mask_prob, (1.0, 0.0, 0.0, 0.0), torch.tensor(sorted(self.special_ids)),
+                          candidates, counts)
         knn = load_knn_table(self.cfg.knn_table, self.dictionary, self.cfg.knn_replace) if self.cfg.knn_replace else None
         return Masker(self.cfg.mask_prob, self.replacement_probs, torch.tensor(sorted(self.special_ids)),
                       candidates, counts, knn)
@@ -170,8 +173,10 @@ class FakeEnglishTask(SharedDictionaryTask):
             english, fake = sentences[:half], sentences[half:]
         items = [(self.sentence_input(s, 0), 0) for s in english] + [(self.sentence_input(s, 1), 1) for s in fake]
         mask_ids = [self.specials_of(0)[2], self.specials_of(1)[2]]
+        # dev targets are replaced by the mask only, as in xmlm-eval-mult's perplexity: the dev perplexity curves of
+        # settings with other corruptions (knn-replace, no-random) then measure the same thing as Table 1's column
         self.datasets[split] = MaskedLanguageDataset(
-            items, self.dictionary.pad(), self.build_masker(), mask_ids, [0, 0],
+            items, self.dictionary.pad(), self.build_masker(mask_only=split != "train"), mask_ids, [0, 0],
             seed=self.cfg.seed, shuffle=split == "train",
         )
         logger.info(f"fake_english {split}: {len(english)} English + {len(fake)} Fake sentences")
