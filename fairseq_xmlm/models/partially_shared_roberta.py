@@ -249,8 +249,8 @@ class PartiallySharedRoberta(BaseFairseqModel):
         None asks the tokens, which on a GPU waits for it.
         """
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
-        keep = src_tokens.ne(self.padding_idx)[:, None, None, :]
-        if has_padding is False or (has_padding is None and src_tokens.is_cuda and bool(keep.all())):
+        keep = None if has_padding is False else src_tokens.ne(self.padding_idx)[:, None, None, :]
+        if keep is not None and has_padding is None and src_tokens.is_cuda and bool(keep.all()):
             keep = None
         x = self.embed(src_tokens, lang_ids)
         states = [x]
