@@ -44,7 +44,7 @@ def test_every_table_id_has_a_run_and_a_paper_row():
 
 
 def test_mean_and_sample_std_over_seeds():
-    assert mean_std([1.0]) == (1.0, 0.0)
+    assert mean_std([1.0]) == (1.0, None)
     mean, std = mean_std([0.6, 0.7, 0.8])
     assert mean == pytest.approx(0.7) and std == pytest.approx(0.1)
     summary = aggregate([fake_result(0.6), fake_result(0.8, ppl=(11.0, 220.0))])
@@ -66,7 +66,7 @@ def test_tables_in_the_paper_layout(tmp_path):
     assert "| 1 | lang-pos | 0 | – | 0.30 |" in text1  # not run yet: an empty row beside the paper's
     assert "| 17 | lang-pos;shift-special;no-random;overparam | 5 | 0.00 | 0.00 | 0.05 ± 0.02 |" in text1
     text2 = table2.read_text()
-    assert "| 21b | lang-pos;no-parallel | 1 | 0.05 ± 0.00 | 0.07 |" in text2
+    assert "| 21b | lang-pos;no-parallel | 1 | 0.05 | 0.07 |" in text2  # one seed: no std
     assert "| 21 | no-parallel | 5 | 0.25 | 0.25 | 0.98 | 0.06 | 0.28 |" in text2
     assert not list((tmp_path / "out").glob(".*"))  # no temp file left behind
 
@@ -78,7 +78,7 @@ def test_a_result_without_the_table_layers_is_refused(tmp_path):
         write_tables(runs, tmp_path / "out")
     assert not (tmp_path / "out" / "table1.md").exists()
     write_tables(runs, tmp_path / "out", layers=("0", "2"))
-    assert "| 0 | original | 1 | 0.60 ± 0.00 |" in (tmp_path / "out" / "table1.md").read_text()
+    assert "| 0 | original | 1 | 0.60 | 0.70 |" in (tmp_path / "out" / "table1.md").read_text()
 
 
 def test_a_broken_result_file_is_named(tmp_path):

@@ -116,10 +116,10 @@ def result_columns(result, layers=("0", "8")):
 
 
 def mean_std(values):
-    """Mean and sample standard deviation (0 for a single value)."""
+    """Mean and sample standard deviation (None for a single value: one seed has no spread to report)."""
     mean = sum(values) / len(values)
     if len(values) < 2:
-        return mean, 0.0
+        return mean, None
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
