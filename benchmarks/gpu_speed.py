@@ -91,6 +91,11 @@ def parse_train_inner(path):
     return rows
 
 
+def _out_of_files(log_path):
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return "Too many open files" in f.read()
+
+
 class Bench:
     def __init__(self, out):
         self.out = out
@@ -117,9 +122,7 @@ class Bench:
             f.flush()
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
         result = {}
-        with open(path, encoding="utf-8", errors="replace") as f:
-            out_of_files = "Too many open files" in f.read()
-        if rc != 0 and out_of_files:  # seen once with DDP's data-loader workers: say so, and retry with the hard limit
+        if rc != 0 and _out_of_files(path):  # seen once with DDP's data-loader workers: say so, retry, hard limit
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             result["first_try"] = f"Too many open files with the open-file limit {soft}; retried with {hard}"
             log(f"{name}: {result['first_try']}")

@@ -158,12 +158,11 @@ class FakeEnglishTask(SharedDictionaryTask):
         real = real_symbol_ids(self.english, exclude=self.special_ids)
         # Random words come from the whole vocabulary of both languages (BERT's choice, Dufter's default).
         candidates, counts = candidate_table([torch.cat([real, real + v])])
-        if mask_only:
-            return Masker(self.cfg.mask_prob, (1.0, 0.0, 0.0, 0.0), torch.tensor(sorted(self.special_ids)),
-                          candidates, counts)
-        knn = load_knn_table(self.cfg.knn_table, self.dictionary, self.cfg.knn_replace) if self.cfg.knn_replace else None
-        return Masker(self.cfg.mask_prob, self.replacement_probs, torch.tensor(sorted(self.special_ids)),
-                      candidates, counts, knn)
+        probs = (1.0, 0.0, 0.0, 0.0) if mask_only else self.replacement_probs
+        knn = None
+        if self.cfg.knn_replace and not mask_only:
+            knn = load_knn_table(self.cfg.knn_table, self.dictionary, self.cfg.knn_replace)
+        return Masker(self.cfg.mask_prob, probs, torch.tensor(sorted(self.special_ids)), candidates, counts, knn)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         sentences = self.load_split_sentences(split)
