@@ -8,7 +8,8 @@ and compilation) and updates/s its `ups`. Sections:
 
 - single:     Conneau config (8 layers, 768, 12 heads, 3072 FFN, 256 tokens, batch 96) and Dufter's BERT-small
               (12 layers, 64, 1 head, 256 FFN, 128 tokens, batch 256) on synthetic 32k-vocabulary data:
-              stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--fp16 + xmlm_adamw, +--compile).
+              stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--fp16 + xmlm_adamw, +--compile, + its
+              CUDA-graph mode).
               Prints the ratio to stock --fp16 and the model FLOPs utilisation (MFU).
 - strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
               within-language random words (Conneau config, Bible en-fr).
@@ -46,9 +47,13 @@ def log(msg):
     print(f"[gpu-speed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def write_synthetic(root, n_tokens=6_000_000, seed=0):
+def write_synthetic(root, n_tokens=5_875_200, seed=0):
     """dict.txt with SYNTH_VOCAB symbols; ~Zipfian token stream as 30-token sentences, written twice: train.bin
-    (stock masked_lm) and train.en.bin (our bilingual_mlm), plus a small valid split of each."""
+    (stock masked_lm) and train.en.bin (our bilingual_mlm), plus a small valid split of each.
+
+    The default size makes every batch full for both models on 1, 2 or 4 GPUs: 195,840 sentences of 30 tokens +
+    </s> are 23,808 blocks of 255 tokens (+ <s>), 62 x 4 x 96. A compiled model then sees one batch shape only,
+    where a short last batch would compile and record its graphs again inside the measured intervals."""
     from fairseq.data import Dictionary, indexed_dataset
 
     os.makedirs(root, exist_ok=True)
@@ -186,13 +191,16 @@ def dufter_args(data, model="xmlm_bert_small", extra=()):
 
 
 def section_single(b, synth):
-    """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in xmlm_adamw) and with --compile; stock
-    in fp16 (and fp32 for BERT-small). `--amp-bf16` is slower than --fp16 here (autocast re-casts every weight and
-    activation each step); set BENCH_BF16=1 to measure it too. BENCH_MODELS=conneau (or bertsmall) runs one model
-    only, BENCH_COMPILE=0 skips --compile."""
+    """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in xmlm_adamw), plain and with --compile in
+    the default mode and in reduce-overhead (CUDA graphs); stock in fp16 (and fp32 for BERT-small). `--amp-bf16` is
+    slower than --fp16 here (autocast re-casts every weight and activation each step); set BENCH_BF16=1 to measure
+    it too. BENCH_MODELS=conneau (or bertsmall) runs one model
+    only, BENCH_COMPILE=0 skips both --compile runs."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
-    variants = [("fp16", FAST)] + ([("fp16_compile", FAST + ["--compile"])] if os.environ.get("BENCH_COMPILE", "1") == "1"
-                                   else [])
+    variants = [("fp16", FAST)]
+    if os.environ.get("BENCH_COMPILE", "1") == "1":
+        variants += [("fp16_compile", FAST + ["--compile"]),
+                     ("fp16_cudagraphs", FAST + ["--compile", "--compile-mode", "reduce-overhead"])]
     if os.environ.get("BENCH_BF16"):
         variants.append(("bf16", OURS))
     models = os.environ.get("BENCH_MODELS", "conneau,bertsmall").split(",")
@@ -239,12 +247,17 @@ def section_strategies(b, fake_data, bible_data):
 
 
 def section_multigpu(b, synth, gpus):
+    """Ours and stock; with BENCH_CUDAGRAPHS=1 also ours with --compile --compile-mode reduce-overhead."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
-    for kind, argv in (("ours", ours_args(synth, CONNEAU) + FAST), ("stock", stock_args(synth, CONNEAU) + ["--fp16"])):
+    kinds = [("ours", ours_args(synth, CONNEAU) + FAST, u), ("stock", stock_args(synth, CONNEAU) + ["--fp16"], u)]
+    if os.environ.get("BENCH_CUDAGRAPHS") == "1":
+        kinds.append(("ours_cudagraphs", ours_args(synth, CONNEAU) + FAST + ["--compile", "--compile-mode",
+                                                                              "reduce-overhead"], u + 100))
+    for kind, argv, updates in kinds:
         for n in gpus:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
             dist = ["--distributed-world-size", str(n), "--ddp-backend", "pytorch_ddp"] if n > 1 else []
-            b.train(f"multi_{kind}_{n}gpu", argv + dist, u, 50, CONNEAU, env=env, gpus=n)
+            b.train(f"multi_{kind}_{n}gpu", argv + dist, updates, 50, CONNEAU, env=env, gpus=n)
         for n in gpus[1:]:
             key = f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)"
             b.ratio(key, f"multi_{kind}_{n}gpu", f"multi_{kind}_1gpu")
@@ -252,7 +265,9 @@ def section_multigpu(b, synth, gpus):
                 b.results["ratios"][key] /= n
                 b.save()
     for n in gpus:
-        b.ratio(f"ours / stock {n}gpu", f"multi_ours_{n}gpu", f"multi_stock_{n}gpu")
+        for kind, _, _ in kinds:
+            if kind != "stock":
+                b.ratio(f"{kind} / stock {n}gpu", f"multi_{kind}_{n}gpu", f"multi_stock_{n}gpu")
 
 
 def section_alone(b, fake_data, updates):

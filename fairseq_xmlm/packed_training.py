@@ -153,8 +153,8 @@ def group_key(run):
     (sentence ids and lengths) at every step: stacking them costs no padding."""
     c, t, m = run.cfg, run.cfg.task, run.cfg.model
     return (c.common.seed, m.encoder_layers, m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_attention_heads,
-            m.activation_fn, m.dropout, m.attention_dropout, t.lang_pos, t.no_parallel, t.data, t.mask_prob,
-            t.tokens_per_sample, c.optimizer._name, adam_betas(c.optimizer), c.optimizer.adam_eps,
+            m.activation_fn, m.dropout, m.attention_dropout, m.activation_dropout, t.lang_pos, t.no_parallel, t.data,
+            t.mask_prob, t.tokens_per_sample, c.optimizer._name, adam_betas(c.optimizer), c.optimizer.adam_eps,
             c.optimizer.weight_decay, tuple(c.optimization.lr), c.optimization.clip_norm, c.optimization.max_epoch,
             c.optimization.max_update, c.lr_scheduler.warmup_updates, c.lr_scheduler.total_num_update,
             c.lr_scheduler.end_learning_rate, c.lr_scheduler.power, c.dataset.batch_size)
@@ -343,7 +343,7 @@ class PackedGroup:
                               first.optimizer.weight_decay, torch_style=first.optimizer._name == "xmlm_adamw")
         self.updates = 0
         # plain values: an omegaconf lookup costs tens of microseconds, and the step should not wait on the host
-        self.dropout, self.attention_dropout = first.model.dropout, first.model.attention_dropout
+        self.dropouts = (first.model.dropout, first.model.attention_dropout, first.model.activation_dropout)
         self.clip_norm, self.peak_lr = first.optimization.clip_norm, first.optimization.lr[0]
         schedule = first.lr_scheduler
         self.schedule = argparse.Namespace(warmup_updates=schedule.warmup_updates,
@@ -358,7 +358,7 @@ class PackedGroup:
         batch = self.data.batch(indices, self.generator)
         inputs, langs, positions, target_ids, has_padding, _ = batch
         stacked.refresh()
-        logits = stacked.masked_logits(inputs, langs, positions, self.dropout, self.attention_dropout, has_padding)
+        logits = stacked.masked_logits(inputs, langs, positions, *self.dropouts, has_padding=has_padding)
         losses = F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100,
                                  reduction="none").view(len(self.runs), -1).sum(1)
         counts = target_ids.ne(-100).sum(1)

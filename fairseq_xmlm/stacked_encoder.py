@@ -126,7 +126,7 @@ class StackedEncoder:
             x = x + w["language_embedding.weight"][models.view(-1, 1), langs].unsqueeze(2)
         return _layer_norm(x + positions, w["embedding_norm.weight"], w["embedding_norm.bias"])
 
-    def layer(self, i, x, keep, dropout, attention_dropout):
+    def layer(self, i, x, keep, dropout, attention_dropout, activation_dropout):
         """Post-LayerNorm BERT layer i of every model; x (N, B, T, D), keep (N*B, 1, 1, T) or None."""
         w = self.layer_weights[i]
         n, b, t, d = x.shape
@@ -136,12 +136,13 @@ class StackedEncoder:
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
         y = _linear(y.transpose(1, 2).reshape(n, b * t, d), w["attention.out.weight"], w["attention.out.bias"])
         h = _layer_norm(h + F.dropout(y, dropout), w["attention_norm.weight"], w["attention_norm.bias"])
-        f = F.dropout(self.activation(_linear(h, w["ffn_in.weight"], w["ffn_in.bias"])), dropout)
+        f = F.dropout(self.activation(_linear(h, w["ffn_in.weight"], w["ffn_in.bias"])), activation_dropout)
         f = _linear(f, w["ffn_out.weight"], w["ffn_out.bias"])
         h = _layer_norm(h + F.dropout(f, dropout), w["ffn_norm.weight"], w["ffn_norm.bias"])
         return h.view(n, b, t, d)
 
-    def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, has_padding=True):
+    def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                      has_padding=True):
         """Logits (N, M, V) at `positions` (N, M) (flat indices into each model's B*T), for all N models at once.
 
         Dropout as in training when the rates are > 0 (0 = evaluation). `has_padding` False (known on the host from
@@ -151,7 +152,7 @@ class StackedEncoder:
         keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t) if has_padding else None
         x = F.dropout(self.embed(tokens, langs), dropout)
         for i in range(self.num_layers):
-            x = self.layer(i, x, keep, dropout, attention_dropout)
+            x = self.layer(i, x, keep, dropout, attention_dropout, activation_dropout)
         features = x.reshape(n, b * t, -1).gather(1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
         w = self.weights
         h = F.gelu(_linear(features, w["lm_dense.weight"], w["lm_dense.bias"]))  # the LM head is GELU always

@@ -55,8 +55,9 @@ def inputs():
     return tokens, torch.tensor([0, 1, 1, 0])
 
 
-def test_compiled_layers_give_the_plain_outputs_and_gradients_in_fp32():
-    plain, compiled = make_model(), make_model(compile=True)
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_layers_give_the_plain_outputs_and_gradients_in_fp32(mode):
+    plain, compiled = make_model(), make_model(compile=True, compile_mode=mode)
     compiled.load_state_dict(plain.state_dict())
     tokens, langs = inputs()
     outputs = []

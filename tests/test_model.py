@@ -147,6 +147,17 @@ def test_sdpa_attention_equals_the_plain_softmax_formula():
     torch.testing.assert_close(attention(x, keep), expected, atol=1e-6, rtol=1e-5)
 
 
+def test_ffn_dropout_is_off_unless_asked_as_in_bert_and_xlm():
+    """--dropout acts on the embeddings, attention output and FFN output; the FFN's inner activation gets only
+    --activation-dropout (0 by default, like BERT, XLM and fairseq's RoBERTa)."""
+    layer = make_model(dropout=0.5).layers[0][0].train()
+    x = torch.randn(2, T, D)
+    layer.dropout.p = layer.attention.dropout = 0.0  # leave only the FFN's inner dropout that may act
+    assert torch.equal(layer(x, None), layer(x, None))
+    layer.activation_dropout.p = 0.5
+    assert not torch.equal(layer(x, None), layer(x, None))
+
+
 def test_lang_pos_uses_language_specific_positions():
     model = make_model(lang_pos=True).eval()
     tokens, _ = batch(0)

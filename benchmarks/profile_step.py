@@ -1,0 +1,187 @@
+"""Where one fairseq training step spends its time on the GPU: wall per update against kernel time per update.
+
+    python3 benchmarks/profile_step.py --out OUT/prof [--runs conneau_stock,conneau_ours,conneau_ours_cudagraphs]
+
+Each run is `fairseq_cli.train` (in a child process) with gpu_speed.py's arguments for that run, on its
+synthetic data; updates `--skip`+1 ... `--skip`+`--steps` run under torch.profiler. Prints the synchronised wall
+per update, the summed kernel time per update by kind of kernel (matrix products, attention, layer norm, ...), and
+the rest (the GPU waiting on the host); writes OUT/<run>.json with those figures and the top kernels,
+OUT/<run>.txt with the profiler's operator table and OUT/<run>.log with fairseq's output.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+
+KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins (flash kernels' names hold "cutlass")
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matrix products", ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_", "splitk")),
+    ("all-reduce", ("nccl",)),
+    ("optimizer", ("multi_tensor", "adam")),
+    ("layer norm", ("layer_norm", "layernorm", "gammabeta")),
+    ("dropout", ("dropout",)),
+    ("softmax / loss", ("softmax", "nll_loss", "cross_entropy")),
+    ("compiled (triton)", ("triton",)),
+    ("copies and casts", ("copy", "catarray")),
+    ("reductions", ("reduce",)),
+)
+
+
+def kernel_kind(name):
+    lowered = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(key in lowered for key in keys)), "other elementwise")
+
+
+def is_kernel(event):
+    return event.device_type == torch.autograd.DeviceType.CUDA and not event.is_user_annotation
+
+
+def kernel_times(events):
+    """{kernel name: summed device us} over the GPU kernels of a profile (user annotations left out)."""
+    times = {}
+    for event in filter(is_kernel, events):
+        times[event.name] = times.get(event.name, 0.0) + event.device_time
+    return times
+
+
+def idle_by_phase(events):
+    """{phase: us}: the GPU's idle time between kernels, each gap charged to the innermost host-side annotation open
+    when the gap began (fairseq's "forward", "backward", "clip-grads", "optimizer", ...; "train_step" for the
+    trainer's own work, "between steps" for fairseq's loop: data loading and logging)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in filter(is_kernel, events))
+    notes = [(e.time_range.start, e.time_range.end, "train_step" if e.name.startswith("train_step-") else e.name)
+             for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.is_user_annotation]
+    idle, busy_until = {}, spans[0][1] if spans else 0
+    for start, end in spans[1:]:
+        if start > busy_until:
+            open_notes = [n for n in notes if n[0] <= busy_until < n[1]]
+            phase = min(open_notes, key=lambda n: n[1] - n[0])[2] if open_notes else "between steps"
+            idle[phase] = idle.get(phase, 0.0) + start - busy_until
+        busy_until = max(busy_until, end)
+    return idle
+
+
+class StepProfiler:
+    """Wraps Trainer.train_step: profiles `steps` updates after `skip`, then writes the report."""
+
+    def __init__(self, out, name, skip, steps):
+        self.out, self.name, self.skip, self.steps = out, name, skip, steps
+        self.calls = 0
+        self.profiler = None
+
+    def wrap(self, train_step):
+        def profiled(trainer, *args, **kwargs):
+            if self.calls == self.skip:
+                torch.cuda.synchronize()
+                self.profiler = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+                self.profiler.__enter__()
+                self.started = time.perf_counter()
+            result = train_step(trainer, *args, **kwargs)
+            self.calls += 1
+            if self.calls == self.skip + self.steps:
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - self.started
+                self.profiler.__exit__(None, None, None)
+                self.report(wall)
+            return result
+
+        return profiled
+
+    def report(self, wall):
+        kernels = kernel_times(self.profiler.events())
+        per_update = {name: us / 1e3 / self.steps for name, us in kernels.items()}
+        kinds = {}
+        for name, ms in per_update.items():
+            kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ms
+        step_ms, busy_ms = 1e3 * wall / self.steps, sum(per_update.values())
+        idle = {phase: us / 1e3 / self.steps for phase, us in idle_by_phase(self.profiler.events()).items()}
+        summary = {
+            "name": self.name, "card": torch.cuda.get_device_name(0), "steps": self.steps,
+            "wall_ms_per_update": round(step_ms, 2), "kernel_ms_per_update": round(busy_ms, 2),
+            "gpu_waiting_ms_per_update": round(step_ms - busy_ms, 2),
+            "kernel_ms_per_update_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "gpu_idle_ms_per_update_by_host_phase": {k: round(v, 3) for k, v in
+                                                     sorted(idle.items(), key=lambda kv: -kv[1])},
+            "top_kernels_ms_per_update": {k: round(v, 3) for k, v in
+                                          sorted(per_update.items(), key=lambda kv: -kv[1])[:30]},
+            "argv": sys.argv[1:],
+        }
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, f"{self.name}.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        with open(os.path.join(self.out, f"{self.name}.txt"), "w") as f:
+            f.write(self.profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=60))
+        print(f"[profile] {self.name}: {step_ms:.2f} ms/update wall (profiled), {busy_ms:.2f} ms of kernels, "
+              f"{step_ms - busy_ms:.2f} ms without", flush=True)
+        for kind, ms in summary["kernel_ms_per_update_by_kind"].items():
+            print(f"[profile]   {ms:7.2f} ms  {kind}", flush=True)
+        for phase, ms in summary["gpu_idle_ms_per_update_by_host_phase"].items():
+            print(f"[profile]   {ms:7.2f} ms  GPU idle while the host is in {phase}", flush=True)
+
+
+def run_arguments(name, synth):
+    """fairseq-train arguments of a named run, as benchmarks/gpu_speed.py builds them."""
+    import gpu_speed as g
+
+    runs = {
+        "conneau_stock": g.stock_args(synth, g.CONNEAU) + ["--fp16"],
+        "conneau_ours": g.ours_args(synth, g.CONNEAU) + g.FAST,
+        "conneau_ours_compile": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile"],
+        "conneau_ours_cudagraphs": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile", "--compile-mode",
+                                                                               "reduce-overhead"],
+    }
+    if name not in runs:
+        raise SystemExit(f"profile_step: unknown run {name!r}; known: {', '.join(runs)}")
+    return runs[name]
+
+
+def profile_one(args):
+    from fairseq import trainer
+    from fairseq_cli import train
+
+    import gpu_speed
+
+    profiler = StepProfiler(args.out, args.one, args.skip, args.steps)
+    trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
+    sys.argv = ["fairseq-train", *run_arguments(args.one, gpu_speed.write_synthetic(SYNTH)), "--max-update",
+                str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
+    train.cli_main()
+
+
+SYNTH = "/tmp/xmlm-bench-synth"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--runs", default="conneau_stock,conneau_ours,conneau_ours_compile")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: profile this run
+    parser.add_argument("--skip", type=int, default=60, help="updates before profiling (warm-up, compilation)")
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if args.one:
+        return profile_one(args)
+    for name in args.runs.split(","):
+        run_arguments(name, SYNTH)  # unknown names fail before anything runs
+    for name in args.runs.split(","):
+        child = [sys.executable, __file__, "--out", args.out, "--one", name, "--skip", str(args.skip), "--steps",
+                 str(args.steps)]
+        os.makedirs(args.out, exist_ok=True)
+        log_path = os.path.join(args.out, f"{name}.log")
+        with open(log_path, "w") as log:
+            rc = subprocess.run(child, stdout=log, stderr=subprocess.STDOUT).returncode
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            print("".join(line for line in log if line.startswith("[profile]")), end="", flush=True)
+        if rc:
+            print(f"[profile] {name}: fairseq-train exited with {rc}; see {log_path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

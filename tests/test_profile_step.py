@@ -1,0 +1,51 @@
+"""benchmarks/profile_step.py's accounting: kernel kinds and the GPU's idle time charged to the host's phase, on
+hand-made profiler events (the profile itself needs a GPU)."""
+import importlib.util
+import os
+from types import SimpleNamespace
+
+import pytest
+from torch.autograd import DeviceType
+
+spec = importlib.util.spec_from_file_location(
+    "profile_step", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "profile_step.py"))
+profile_step = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(profile_step)
+
+
+def kernel(name, start, end):
+    return SimpleNamespace(name=name, device_type=DeviceType.CUDA, is_user_annotation=False,
+                           time_range=SimpleNamespace(start=start, end=end), device_time=end - start)
+
+
+def annotation(name, start, end, device_type=DeviceType.CPU):
+    return SimpleNamespace(name=name, device_type=device_type, is_user_annotation=True,
+                           time_range=SimpleNamespace(start=start, end=end), device_time=end - start)
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, cutlass::half_t>>",
+     "attention"),
+    ("nvjet_sm90_hsh_192x192_64x4_1x2_h_bz_coopB_bias_TNN", "matrix products"),
+    ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<c10::Half>", "layer norm"),
+    ("ncclDevKernel_AllReduce_Sum_f16_RING_LL", "all-reduce"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::Half>>", "other elementwise"),
+])
+def test_kernel_kinds(name, kind):
+    assert profile_step.kernel_kind(name) == kind
+
+
+def test_idle_time_goes_to_the_innermost_open_phase():
+    events = [
+        annotation("train_step-7", 0, 100), annotation("forward", 5, 40), annotation("optimizer", 60, 90),
+        annotation("train_step-7", 0, 100, DeviceType.CUDA),  # the GPU-side copy of an annotation: not a kernel
+        kernel("gemm", 10, 20), kernel("gemm", 25, 30),  # 5 us idle inside forward
+        kernel("gemm", 28, 45),  # overlaps the previous kernel: no idle time
+        kernel("adam", 50, 55),  # 5 us idle from 45, inside train_step only
+        kernel("adam", 70, 80),  # 15 us idle from 55, in train_step; optimizer opens at 60, after the gap began
+        kernel("copy", 85, 95),  # 5 us inside optimizer
+        kernel("gemm", 101, 102),  # 6 us from 95: optimizer has closed, train_step is open
+        kernel("gemm", 120, 130),  # 18 us after every annotation closed
+    ]
+    assert profile_step.idle_by_phase(events) == {"forward": 5, "train_step": 26, "optimizer": 5, "between steps": 18}
+    assert profile_step.kernel_times(events) == {"gemm": 43, "adam": 15, "copy": 10}
