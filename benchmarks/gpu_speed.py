@@ -194,8 +194,7 @@ def section_single(b, synth):
     """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in xmlm_adamw), plain and with --compile in
     the default mode and in reduce-overhead (CUDA graphs); stock in fp16 (and fp32 for BERT-small). `--amp-bf16` is
     slower than --fp16 here (autocast re-casts every weight and activation each step); set BENCH_BF16=1 to measure
-    it too. BENCH_MODELS=conneau (or bertsmall) runs one model
-    only, BENCH_COMPILE=0 skips both --compile runs."""
+    it too. BENCH_MODELS=conneau (or bertsmall) runs one model only, BENCH_COMPILE=0 skips both --compile runs."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     variants = [("fp16", FAST)]
     if os.environ.get("BENCH_COMPILE", "1") == "1":
