@@ -8,8 +8,8 @@ and compilation) and updates/s its `ups`. Sections:
 
 - single:     Conneau config (8 layers, 768, 12 heads, 3072 FFN, 256 tokens, batch 96) and Dufter's BERT-small
               (12 layers, 64, 1 head, 256 FFN, 128 tokens, batch 256) on synthetic 32k-vocabulary data:
-              stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--fp16 + xmlm_adamw, +--compile, + its
-              CUDA-graph mode).
+              stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--fp16 + xmlm_adamw; its flat master
+              weights, --memory-efficient-fp16; --compile; its CUDA-graph mode).
               Prints the ratio to stock --fp16 and the model FLOPs utilisation (MFU).
 - strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
               within-language random words (Conneau config, Bible en-fr).
@@ -164,6 +164,8 @@ COMMON = ["--criterion", "masked_lm", "--lr-scheduler", "polynomial_decay", "--w
 # ours: the host-sync-free criterion (target positions found by the collater) over COMMON's stock masked_lm
 OURS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--amp-bf16", "--criterion", "xmlm_masked_lm"]
 FAST = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--fp16", "--criterion", "xmlm_masked_lm"]
+# the same arithmetic, with xmlm_adamw's flat fp32 master weights in place of FP16Optimizer's per-parameter copies
+FLAT_MASTER = FAST + ["--memory-efficient-fp16"]
 
 
 def stock_args(data, m):
@@ -191,12 +193,13 @@ def dufter_args(data, model="xmlm_bert_small", extra=()):
 
 
 def section_single(b, synth):
-    """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in xmlm_adamw), plain and with --compile in
-    the default mode and in reduce-overhead (CUDA graphs); stock in fp16 (and fp32 for BERT-small). `--amp-bf16` is
+    """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in FP16Optimizer), with the master weights
+    flat in xmlm_adamw (--memory-efficient-fp16), and with --compile in the default mode and in reduce-overhead
+    (CUDA graphs); stock in fp16 (and fp32 for BERT-small). `--amp-bf16` is
     slower than --fp16 here (autocast re-casts every weight and activation each step); set BENCH_BF16=1 to measure
     it too. BENCH_MODELS=conneau (or bertsmall) runs one model only, BENCH_COMPILE=0 skips both --compile runs."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
-    variants = [("fp16", FAST)]
+    variants = [("fp16", FAST), ("fp16_flat_master", FLAT_MASTER)]
     if os.environ.get("BENCH_COMPILE", "1") == "1":
         variants += [("fp16_compile", FAST + ["--compile"]),
                      ("fp16_cudagraphs", FAST + ["--compile", "--compile-mode", "reduce-overhead"])]
@@ -246,9 +249,12 @@ def section_strategies(b, fake_data, bible_data):
 
 
 def section_multigpu(b, synth, gpus):
-    """Ours and stock; with BENCH_CUDAGRAPHS=1 also ours with --compile --compile-mode reduce-overhead."""
+    """Ours and stock; with BENCH_FLAT_MASTER=1 also ours with --memory-efficient-fp16, with BENCH_CUDAGRAPHS=1
+    ours with --compile --compile-mode reduce-overhead."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     kinds = [("ours", ours_args(synth, CONNEAU) + FAST, u), ("stock", stock_args(synth, CONNEAU) + ["--fp16"], u)]
+    if os.environ.get("BENCH_FLAT_MASTER") == "1":
+        kinds.append(("ours_flat_master", ours_args(synth, CONNEAU) + FLAT_MASTER, u))
     if os.environ.get("BENCH_CUDAGRAPHS") == "1":
         kinds.append(("ours_cudagraphs", ours_args(synth, CONNEAU) + FAST + ["--compile", "--compile-mode",
                                                                               "reduce-overhead"], u + 100))

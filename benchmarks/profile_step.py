@@ -132,6 +132,7 @@ def run_arguments(name, synth):
     runs = {
         "conneau_stock": g.stock_args(synth, g.CONNEAU) + ["--fp16"],
         "conneau_ours": g.ours_args(synth, g.CONNEAU) + g.FAST,
+        "conneau_ours_flat_master": g.ours_args(synth, g.CONNEAU) + g.FLAT_MASTER,
         "conneau_ours_compile": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile"],
         "conneau_ours_cudagraphs": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile", "--compile-mode",
                                                                                "reduce-overhead"],

@@ -1,7 +1,9 @@
 """The speed paths give the plain path's results: compiled layers, bf16 autocast, xmlm_adamw, sync-free embedding
 lookup, the GPU packer, and one batch iterator (with its workers) for the whole run. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,9 +14,10 @@ from argparse import Namespace
 import pytest
 import torch
 from fairseq.data import Dictionary
-from fairseq.optim import build_optimizer
+from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer, build_optimizer
 from omegaconf import OmegaConf
 
+from conftest import fairseq_train
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.gpu_pack import run_packed
 from fairseq_xmlm.models.partially_shared_roberta import (
@@ -131,6 +134,66 @@ def test_xmlm_adamw_and_fairseq_adam_follow_the_adamw_formula(name):
     if name == "xmlm_adamw":  # on the CPU the fused kernel is not asked for; the GPU path is in the benchmark
         assert optimizer.optimizer.param_groups[0]["fused"] is False
         assert set(XmlmAdamWConfig.__dataclass_fields__) >= {"adam_betas", "adam_eps", "weight_decay", "lr"}
+
+
+def fp16_training_cfg(flatten):
+    return OmegaConf.create({
+        "optimizer": {"_name": "xmlm_adamw", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-6, "weight_decay": 0.01,
+                      "lr": [2e-3], "fused": True},
+        "common": {"fp16_init_scale": 128, "fp16_scale_window": None, "fp16_scale_tolerance": 0.0,
+                   "threshold_loss_scale": None, "min_loss_scale": 1e-4, "bf16": False, "model_parallel_size": 1,
+                   "fp16_no_flatten_grads": not flatten},
+        "optimization": {"update_freq": [1]},
+        "distributed_training": {"distributed_world_size": 1},
+    })
+
+
+def test_memory_efficient_fp16_equals_fp16_with_flat_master_weights():
+    """--memory-efficient-fp16 (xmlm_adamw keeps the fp32 master copy itself, flat) takes the same steps as --fp16
+    (fairseq's FP16Optimizer), loss scale, gradient norm and a step skipped on overflow included."""
+    torch.manual_seed(0)
+    shapes = [(5, 3), (7,), (2, 2, 2)]
+    start = [torch.randn(shape).half() for shape in shapes]
+    steps = [[torch.randn(shape).half() for shape in shapes] for _ in range(4)]
+    steps[2][1][3] = float("inf")  # an overflow: both must skip this step and lower the loss scale
+    results = []
+    # FP16Optimizer flattens its fp32 copy only on CUDA: here it keeps one fp32 tensor per parameter
+    for wrapper in (FP16Optimizer, MemoryEfficientFP16Optimizer):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        optimizer = wrapper.build_optimizer(fp16_training_cfg(flatten=False), params)
+        norms = []
+        for grads in steps:
+            optimizer.zero_grad()
+            optimizer.backward(sum((p * g).sum() for p, g in zip(params, grads)))  # gradients g x the loss scale
+            optimizer.multiply_grads(0.5)
+            try:
+                norms.append(float(optimizer.clip_grad_norm(0.0)))
+            except OverflowError:  # what fairseq's trainer catches to skip the update
+                norms.append(math.inf)
+                continue
+            optimizer.step()
+        state = optimizer.state_dict()["state"]
+        second_moments = torch.cat([state[i]["exp_avg_sq"].reshape(-1) for i in sorted(state)])
+        results.append((params, norms, optimizer.scaler.loss_scale, second_moments))
+    (fp16_params, fp16_norms, fp16_scale, fp16_moments), (flat_params, flat_norms, flat_scale, flat_moments) = results
+    assert all(p.dtype == torch.float16 for p in flat_params)
+    for expected, got in zip(fp16_params, flat_params):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert flat_scale == fp16_scale < 128 and math.isinf(flat_norms[2]) and math.isinf(fp16_norms[2])
+    assert flat_norms == pytest.approx(fp16_norms, rel=1e-6)  # one norm over a flat tensor vs a norm of norms
+    torch.testing.assert_close(flat_moments, fp16_moments, rtol=0, atol=0)
+
+
+def test_fairseq_train_with_flat_master_weights_logs_the_fp16_losses(fake_english_data, tmp_path):
+    """The whole trainer (loss scaling in backward, gradient norm, checkpoint) with --memory-efficient-fp16 gives
+    --fp16's losses, update for update (FP16Optimizer's fp32 copy is per parameter on the CPU)."""
+    losses = []
+    for name, precision in (("fp16", ["--fp16-no-flatten-grads"]), ("flat", ["--memory-efficient-fp16"])):
+        log = fairseq_train(fake_english_data, tmp_path / name, "--task", "fake_english", "--optimizer", "xmlm_adamw",
+                            "--fp16", *precision, updates=6)
+        losses.append(re.findall(r"\bloss=([0-9.]+)", log))
+    assert len(losses[0]) >= 6 and losses[1] == losses[0]
+    assert (tmp_path / "flat" / "checkpoint_last.pt").exists()
 
 
 @pytest.mark.parametrize("bad", ["0.9", "(0.9, 1.5)", "(a, b)"])

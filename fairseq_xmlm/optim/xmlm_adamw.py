@@ -3,6 +3,12 @@ the GPU (fairseq's own `adam` steps parameter by parameter in Python unless apex
 
 Same options and the same decoupled weight decay as fairseq's `adam` (`--adam-betas`, `--adam-eps`,
 `--weight-decay`), so recipes switch by changing the optimizer name only.
+
+With `--memory-efficient-fp16` fairseq hands this optimizer the fp16 parameters themselves; it then keeps their fp32
+master copy as one flat tensor (`FlatMasterWeights`): the same arithmetic as `--fp16` (fairseq's FP16Optimizer:
+fp32 master weights, AdamW in fp32, dynamic loss scaling), but gradients come in and weights go back in a few
+whole-buffer kernels, where FP16Optimizer copies each parameter on its own, twice per update (on an H100 at the
+Conneau config, its ~220 copy calls per update were where the GPU waited for the host: docs/benchmarks.md).
 """
 import ast
 from dataclasses import dataclass, field
@@ -45,10 +51,54 @@ def build_adamw(params, lr, betas, eps, weight_decay, fused):
                              fused=bool(fused and on_cuda))
 
 
+class FlatMasterWeights:
+    """fp32 master copy of low-precision parameters as one flat tensor, with a flat fp32 gradient."""
+
+    def __init__(self, params):
+        self.params = params
+        with torch.no_grad():
+            self.master = torch.cat([p.reshape(-1).float() for p in params])
+        self.master.grad = torch.zeros_like(self.master)
+        self.low_precision_grad = torch.empty_like(self.master, dtype=params[0].dtype)
+        self.low_precision_weights = torch.empty_like(self.low_precision_grad)
+        sizes = [p.numel() for p in params]
+        self.weight_views = [v.view_as(p) for v, p in zip(self.low_precision_weights.split(sizes), params)]
+        self.gathered = False
+
+    def gather_gradients(self):
+        """Once per update (zero_grad starts the next): the parameters' gradients -> master.grad, in fp32."""
+        if not self.gathered:
+            torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.params],
+                      out=self.low_precision_grad)
+            self.master.grad.copy_(self.low_precision_grad)
+            self.gathered = True
+
+    def scatter_weights(self):
+        """master -> the parameters: one cast, one multi-tensor copy."""
+        with torch.no_grad():
+            self.low_precision_weights.copy_(self.master)
+            torch._foreach_copy_(self.params, self.weight_views)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+        self.gathered = False
+
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
 @register_optimizer("xmlm_adamw", dataclass=XmlmAdamWConfig)
 class XmlmAdamW(FairseqOptimizer):
     def __init__(self, cfg, params):
         super().__init__(cfg)
+        params = list(params)
+        self.master = None
+        if any(isinstance(p, torch.Tensor) and p.dtype in LOW_PRECISION for p in params):
+            if not all(isinstance(p, torch.Tensor) and p.dtype == params[0].dtype for p in params):
+                raise XmlmError("xmlm_adamw: low-precision parameters must be one dtype and not in parameter groups")
+            self.master = FlatMasterWeights(params)
+            params = [self.master.master]
         self._optimizer = build_adamw(params, **self.optimizer_config)
 
     @property
@@ -65,3 +115,32 @@ class XmlmAdamW(FairseqOptimizer):
     @property
     def supports_flat_params(self):
         return True
+
+    @property
+    def supports_memory_efficient_fp16(self):
+        return True
+
+    # With fp16 parameters every fairseq entry point works on the fp32 master copy (self.params is the master);
+    # the first one of an update gathers the gradients into it.
+    def multiply_grads(self, c):
+        if self.master is not None:
+            self.master.gather_gradients()
+        super().multiply_grads(c)
+
+    def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
+        if self.master is not None:
+            self.master.gather_gradients()
+        return super().clip_grad_norm(max_norm, aggregate_norm_fn)
+
+    def step(self, closure=None, scale=1.0, groups=None):
+        if self.master is not None:
+            self.master.gather_gradients()
+        super().step(closure, scale, groups)
+        if self.master is not None:
+            self.master.scatter_weights()
+
+    def zero_grad(self):
+        if self.master is None:
+            super().zero_grad()
+        else:  # master.grad is overwritten by the next gather, not freed
+            self.master.zero_grad()
