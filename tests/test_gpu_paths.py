@@ -1,6 +1,6 @@
 """The speed paths give the plain path's results: compiled layers, bf16 autocast, xmlm_adamw (and its flat fp32
-master weights under --memory-efficient-fp16), sync-free embedding
-lookup, the GPU packer, and one batch iterator (with its workers) for the whole run. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
+master weights under --memory-efficient-fp16), sync-free embedding lookup, the GPU packer, and one batch iterator
+(with its workers) for the whole run. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
 import json
 import math
 import os
