@@ -37,6 +37,7 @@ import torch
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}
 
 SYNTH_VOCAB = 32000
+SYNTH_DIR = "/tmp/xmlm-bench-synth"  # written once per machine by write_synthetic
 FAKE_VOCAB = 3618  # data-bin/fake_english: 1808 English symbols + <mask>, doubled
 CONNEAU = dict(layers=8, dim=768, heads=12, ffn=3072, tokens=256, batch=96)
 BERT_SMALL = dict(layers=12, dim=64, heads=1, ffn=256, tokens=128, batch=256)
@@ -311,7 +312,7 @@ def main():
     args = parser.parse_args()
     b = Bench(args.out)
     log(f"card {b.results['card']} x {b.results['gpus']}, torch {torch.__version__}")
-    synth = write_synthetic("/tmp/xmlm-bench-synth")
+    synth = write_synthetic(SYNTH_DIR)
     sections = args.sections.split(",")
     if "single" in sections:
         section_single(b, synth)

@@ -17,6 +17,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_speed  # noqa: E402  (the runs' arguments and synthetic data are gpu_speed.py's)
+
 
 KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins (flash kernels' names hold "cutlass")
     ("attention", ("flash", "fmha", "attention", "sdpa")),
@@ -125,10 +128,9 @@ class StepProfiler:
             print(f"[profile]   {ms:7.2f} ms  GPU idle while the host is in {phase}", flush=True)
 
 
-def run_arguments(name, synth):
+def run_arguments(name):
     """fairseq-train arguments of a named run, as benchmarks/gpu_speed.py builds them."""
-    import gpu_speed as g
-
+    g, synth = gpu_speed, gpu_speed.SYNTH_DIR
     runs = {
         "conneau_stock": g.stock_args(synth, g.CONNEAU) + ["--fp16"],
         "conneau_ours": g.ours_args(synth, g.CONNEAU) + g.FAST,
@@ -146,16 +148,12 @@ def profile_one(args):
     from fairseq import trainer
     from fairseq_cli import train
 
-    import gpu_speed
-
     profiler = StepProfiler(args.out, args.one, args.skip, args.steps)
     trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
-    sys.argv = ["fairseq-train", *run_arguments(args.one, gpu_speed.write_synthetic(SYNTH)), "--max-update",
-                str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
+    gpu_speed.write_synthetic(gpu_speed.SYNTH_DIR)
+    sys.argv = ["fairseq-train", *run_arguments(args.one), "--max-update", str(args.skip + args.steps), "--no-save",
+                "--disable-validation", "--seed", "1"]
     train.cli_main()
-
-
-SYNTH = "/tmp/xmlm-bench-synth"
 
 
 def main():
@@ -166,15 +164,14 @@ def main():
     parser.add_argument("--skip", type=int, default=60, help="updates before profiling (warm-up, compilation)")
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if args.one:
         return profile_one(args)
     for name in args.runs.split(","):
-        run_arguments(name, SYNTH)  # unknown names fail before anything runs
+        run_arguments(name)  # unknown names fail before anything runs
+    os.makedirs(args.out, exist_ok=True)
     for name in args.runs.split(","):
         child = [sys.executable, __file__, "--out", args.out, "--one", name, "--skip", str(args.skip), "--steps",
                  str(args.steps)]
-        os.makedirs(args.out, exist_ok=True)
         log_path = os.path.join(args.out, f"{name}.log")
         with open(log_path, "w") as log:
             rc = subprocess.run(child, stdout=log, stderr=subprocess.STDOUT).returncode

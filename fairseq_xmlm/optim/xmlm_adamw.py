@@ -122,19 +122,20 @@ class XmlmAdamW(FairseqOptimizer):
 
     # With fp16 parameters every fairseq entry point works on the fp32 master copy (self.params is the master);
     # the first one of an update gathers the gradients into it.
-    def multiply_grads(self, c):
+    def _gather_gradients(self):
         if self.master is not None:
             self.master.gather_gradients()
+
+    def multiply_grads(self, c):
+        self._gather_gradients()
         super().multiply_grads(c)
 
     def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
-        if self.master is not None:
-            self.master.gather_gradients()
+        self._gather_gradients()
         return super().clip_grad_norm(max_norm, aggregate_norm_fn)
 
     def step(self, closure=None, scale=1.0, groups=None):
-        if self.master is not None:
-            self.master.gather_gradients()
+        self._gather_gradients()
         super().step(closure, scale, groups)
         if self.master is not None:
             self.master.scatter_weights()
