@@ -8,24 +8,26 @@ and compilation) and updates/s its `ups`. Sections:
 
 - single:     Conneau config (8 layers, 768, 12 heads, 3072 FFN, 256 tokens, batch 96) and Dufter's BERT-small
               (12 layers, 64, 1 head, 256 FFN, 128 tokens, batch 256) on synthetic 32k-vocabulary data:
-              stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--fp16 + xmlm_adamw; its flat master
-              weights, --memory-efficient-fp16; --compile; its CUDA-graph mode).
+              stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--fp16 + xmlm_adamw; with its flat master
+              weights, --memory-efficient-fp16, alone, with --compile and with its CUDA-graph mode).
               Prints the ratio to stock --fp16 and the model FLOPs utilisation (MFU).
 - strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
               within-language random words (Conneau config, Bible en-fr).
 - multigpu:   fairseq's own DDP over NCCL on 1, 2, ... GPUs (--gpus), Conneau config, batch 96 per GPU:
-              ours and stock, scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
+              ours (flat master weights) and stock, scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
 - alone:      Dufter's small run and BERT-base ("overparam") alone, updates/s.
 - pack:       Dufter's small run packed N at a time on one GPU (fairseq_xmlm.gpu_pack): wall time, aggregate
               updates/s (start-up included, as in a real sweep).
 
 Logs go to OUT/logs/<run>.log, the figures to OUT/summary.json (rewritten after every run, so a run cut off by
-the time limit keeps what it measured).
+the time limit keeps what it measured). Stopped by SIGTERM (`timeout`), the script stops its fairseq-train run and
+everything that started, then exits.
 """
 import argparse
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -97,6 +99,44 @@ def parse_train_inner(path):
     return rows
 
 
+def run_child(cmd, log_file, env=None, preexec_fn=None):
+    """Exit status of `cmd`, run with its output to log_file in a process group of its own. SIGTERM or SIGINT to
+    this script stops that whole group (fairseq-train, its DDP ranks, their data-loader workers) before exiting:
+    under `timeout N python3 benchmarks/gpu_speed.py | grep ...` a surviving rank keeps the pipe open, and the
+    device call then runs into its own limit with nothing sent back."""
+    child = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn,
+                             start_new_session=True)
+    stopped = []  # (signal, when) once this script is asked to stop
+
+    def stop(signum, _frame):  # only signals: waiting here would deadlock with the wait it interrupted
+        stopped.append((signum, time.monotonic()))
+        _signal_group(child.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                rc = child.wait(1)
+                break
+            except subprocess.TimeoutExpired:
+                if stopped and time.monotonic() - stopped[0][1] > 10:  # SIGTERM ignored
+                    _signal_group(child.pid, signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopped:
+        _signal_group(child.pid, signal.SIGKILL)  # what of the group outlived its leader
+        raise SystemExit(128 + stopped[0][0])
+    return rc
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the group is gone
+        pass
+
+
 def _out_of_files(log_path):
     with open(log_path, encoding="utf-8", errors="replace") as f:
         return "Too many open files" in f.read()
@@ -126,7 +166,7 @@ class Bench:
         with open(path, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+            rc = run_child(cmd, f, env)
         result = {}
         if rc != 0 and _out_of_files(path):  # seen once with DDP's data-loader workers: say so, retry, hard limit
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -135,8 +175,8 @@ class Bench:
             os.replace(path, path[:-len(".log")] + ".first_try.log")
             started = time.perf_counter()
             with open(path, "w") as f:
-                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: (
-                    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard)))).returncode
+                rc = run_child(cmd, f, env, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                                   (hard, hard)))
         rows = parse_train_inner(path)[1:]
         result.update({"cmd": " ".join(cmd[1:]), "rc": rc, "wall_s": round(time.perf_counter() - started, 1)})
         if rc == 0 and rows:
@@ -195,15 +235,15 @@ def dufter_args(data, model="xmlm_bert_small", extra=()):
 
 def section_single(b, synth):
     """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in FP16Optimizer), with the master weights
-    flat in xmlm_adamw (--memory-efficient-fp16), and with --compile in the default mode and in reduce-overhead
+    flat in xmlm_adamw (--memory-efficient-fp16), and that with --compile in the default mode and in reduce-overhead
     (CUDA graphs); stock in fp16 (and fp32 for BERT-small). `--amp-bf16` is
     slower than --fp16 here (autocast re-casts every weight and activation each step); set BENCH_BF16=1 to measure
     it too. BENCH_MODELS=conneau (or bertsmall) runs one model only, BENCH_COMPILE=0 skips both --compile runs."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     variants = [("fp16", FAST), ("fp16_flat_master", FLAT_MASTER)]
     if os.environ.get("BENCH_COMPILE", "1") == "1":
-        variants += [("fp16_compile", FAST + ["--compile"]),
-                     ("fp16_cudagraphs", FAST + ["--compile", "--compile-mode", "reduce-overhead"])]
+        variants += [("fp16_flat_master_compile", FLAT_MASTER + ["--compile"]),
+                     ("fp16_flat_master_cudagraphs", FLAT_MASTER + ["--compile", "--compile-mode", "reduce-overhead"])]
     if os.environ.get("BENCH_BF16"):
         variants.append(("bf16", OURS))
     models = os.environ.get("BENCH_MODELS", "conneau,bertsmall").split(",")
@@ -250,15 +290,18 @@ def section_strategies(b, fake_data, bible_data):
 
 
 def section_multigpu(b, synth, gpus):
-    """Ours and stock; with BENCH_FLAT_MASTER=1 also ours with --memory-efficient-fp16, with BENCH_CUDAGRAPHS=1
-    ours with --compile --compile-mode reduce-overhead."""
+    """BENCH_MULTIGPU_KINDS (default "ours,stock"), run in that order: ours (with its flat master weights), stock,
+    ours_cudagraphs (--compile --compile-mode reduce-overhead), ours_ddp_args (ours + the arguments in
+    BENCH_DDP_ARGS, e.g. DDP or data-loader options)."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
-    kinds = [("ours", ours_args(synth, CONNEAU) + FAST, u), ("stock", stock_args(synth, CONNEAU) + ["--fp16"], u)]
-    if os.environ.get("BENCH_FLAT_MASTER") == "1":
-        kinds.append(("ours_flat_master", ours_args(synth, CONNEAU) + FLAT_MASTER, u))
-    if os.environ.get("BENCH_CUDAGRAPHS") == "1":
-        kinds.append(("ours_cudagraphs", ours_args(synth, CONNEAU) + FAST + ["--compile", "--compile-mode",
-                                                                              "reduce-overhead"], u + 100))
+    ours = ours_args(synth, CONNEAU) + FLAT_MASTER
+    known = {"ours": (ours, u), "stock": (stock_args(synth, CONNEAU) + ["--fp16"], u),
+             "ours_cudagraphs": (ours + ["--compile", "--compile-mode", "reduce-overhead"], u + 100),
+             "ours_ddp_args": (ours + os.environ.get("BENCH_DDP_ARGS", "").split(), u)}
+    names = os.environ.get("BENCH_MULTIGPU_KINDS", "ours,stock").split(",")
+    if not set(names) <= set(known):
+        raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
+    kinds = [(name, *known[name]) for name in names]
     for kind, argv, updates in kinds:
         for n in gpus:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")

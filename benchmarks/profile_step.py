@@ -1,17 +1,22 @@
 """Where one fairseq training step spends its time on the GPU: wall per update against kernel time per update.
 
-    python3 benchmarks/profile_step.py --out OUT/prof [--runs conneau_stock,conneau_ours,conneau_ours_cudagraphs]
+    python3 benchmarks/profile_step.py --out OUT/prof [--runs conneau_stock,conneau_ours,...] [--gpus 4]
 
 Each run is `fairseq_cli.train` (in a child process) with gpu_speed.py's arguments for that run, on its
 synthetic data; updates `--skip`+1 ... `--skip`+`--steps` run under torch.profiler. Prints the synchronised wall
 per update, the summed kernel time per update by kind of kernel (matrix products, attention, layer norm, ...), and
 the rest (the GPU waiting on the host); writes OUT/<run>.json with those figures and the top kernels,
-OUT/<run>.txt with the profiler's operator table and OUT/<run>.log with fairseq's output.
+OUT/<run>.txt with the profiler's operator tables (by GPU time, then by host time) and OUT/<run>.log with fairseq's
+output.
+
+With `--gpus N` (N > 1) the run is fairseq's DDP over N GPUs, one process per GPU started by torchrun; every rank
+profiles itself (OUT/<run>_<N>gpu_rank<r>.json), rank 0 prints. The all-reduce kernels run on NCCL's own stream
+beside the backward's: the report gives their time and the part of it no compute kernel overlaps, which is what
+the extra GPUs add to an update.
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -52,11 +57,49 @@ def kernel_times(events):
     return times
 
 
+def is_compute_kernel(event):
+    """A kernel that is not NCCL's: an all-reduce kernel waiting for its peers occupies the GPU without working."""
+    return is_kernel(event) and kernel_kind(event.name) != "all-reduce"
+
+
+def union(spans):
+    """The (start, end) spans merged into sorted, disjoint intervals."""
+    merged = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def overlap(a, b):
+    """Length of the intersection of two lists of sorted, disjoint intervals."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def stream_times(events):
+    """(compute us, all-reduce us, exposed all-reduce us): the time at least one compute kernel runs, the time at
+    least one NCCL kernel runs, and the part of the latter during which no compute kernel runs."""
+    compute = union((e.time_range.start, e.time_range.end) for e in filter(is_compute_kernel, events))
+    nccl = union((e.time_range.start, e.time_range.end) for e in filter(is_kernel, events)
+                 if kernel_kind(e.name) == "all-reduce")
+    nccl_us = sum(end - start for start, end in nccl)
+    return sum(end - start for start, end in compute), nccl_us, nccl_us - overlap(compute, nccl)
+
+
 def idle_by_phase(events):
-    """{phase: us}: the GPU's idle time between kernels, each gap charged to the innermost host-side annotation open
+    """{phase: us}: the time between compute kernels, each gap charged to the innermost host-side annotation open
     when the gap began (fairseq's "forward", "backward", "clip-grads", "optimizer", ...; "train_step" for the
     trainer's own work, "between steps" for fairseq's loop: data loading and logging)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in filter(is_kernel, events))
+    spans = sorted((e.time_range.start, e.time_range.end) for e in filter(is_compute_kernel, events))
     notes = [(e.time_range.start, e.time_range.end, "train_step" if e.name.startswith("train_step-") else e.name)
              for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.is_user_annotation]
     idle, busy_until = {}, spans[0][1] if spans else 0
@@ -72,8 +115,8 @@ def idle_by_phase(events):
 class StepProfiler:
     """Wraps Trainer.train_step: profiles `steps` updates after `skip`, then writes the report."""
 
-    def __init__(self, out, name, skip, steps):
-        self.out, self.name, self.skip, self.steps = out, name, skip, steps
+    def __init__(self, out, name, skip, steps, rank=0):
+        self.out, self.name, self.skip, self.steps, self.rank = out, name, skip, steps, rank
         self.calls = 0
         self.profiler = None
 
@@ -97,17 +140,20 @@ class StepProfiler:
         return profiled
 
     def report(self, wall):
-        kernels = kernel_times(self.profiler.events())
-        per_update = {name: us / 1e3 / self.steps for name, us in kernels.items()}
+        events = self.profiler.events()
+        per_update = {name: us / 1e3 / self.steps for name, us in kernel_times(events).items()}
         kinds = {}
         for name, ms in per_update.items():
             kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ms
-        step_ms, busy_ms = 1e3 * wall / self.steps, sum(per_update.values())
-        idle = {phase: us / 1e3 / self.steps for phase, us in idle_by_phase(self.profiler.events()).items()}
+        step_ms = 1e3 * wall / self.steps
+        busy_ms, nccl_ms, exposed_ms = (us / 1e3 / self.steps for us in stream_times(events))
+        idle = {phase: us / 1e3 / self.steps for phase, us in idle_by_phase(events).items()}
         summary = {
             "name": self.name, "card": torch.cuda.get_device_name(0), "steps": self.steps,
-            "wall_ms_per_update": round(step_ms, 2), "kernel_ms_per_update": round(busy_ms, 2),
+            "wall_ms_per_update": round(step_ms, 2), "compute_kernel_ms_per_update": round(busy_ms, 2),
             "gpu_waiting_ms_per_update": round(step_ms - busy_ms, 2),
+            "all_reduce_ms_per_update": round(nccl_ms, 2),
+            "all_reduce_not_overlapped_ms_per_update": round(exposed_ms, 2),
             "kernel_ms_per_update_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
             "gpu_idle_ms_per_update_by_host_phase": {k: round(v, 3) for k, v in
                                                      sorted(idle.items(), key=lambda kv: -kv[1])},
@@ -118,10 +164,18 @@ class StepProfiler:
         os.makedirs(self.out, exist_ok=True)
         with open(os.path.join(self.out, f"{self.name}.json"), "w") as f:
             json.dump(summary, f, indent=1)
+        # GPU work first; then the host's, where data loading and fairseq's own annotations show
+        averages = self.profiler.key_averages()
         with open(os.path.join(self.out, f"{self.name}.txt"), "w") as f:
-            f.write(self.profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=60))
-        print(f"[profile] {self.name}: {step_ms:.2f} ms/update wall (profiled), {busy_ms:.2f} ms of kernels, "
+            f.write(averages.table(sort_by="self_cuda_time_total", row_limit=60))
+            f.write("\n" + averages.table(sort_by="cpu_time_total", row_limit=60))
+        if self.rank:
+            return
+        print(f"[profile] {self.name}: {step_ms:.2f} ms/update wall (profiled), {busy_ms:.2f} ms of compute kernels, "
               f"{step_ms - busy_ms:.2f} ms without", flush=True)
+        if nccl_ms:
+            print(f"[profile]   all-reduce kernels {nccl_ms:.2f} ms/update, {exposed_ms:.2f} ms of it beside no "
+                  f"compute kernel", flush=True)
         for kind, ms in summary["kernel_ms_per_update_by_kind"].items():
             print(f"[profile]   {ms:7.2f} ms  {kind}", flush=True)
         for phase, ms in summary["gpu_idle_ms_per_update_by_host_phase"].items():
@@ -138,6 +192,9 @@ def run_arguments(name):
         "conneau_ours_compile": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile"],
         "conneau_ours_cudagraphs": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile", "--compile-mode",
                                                                                "reduce-overhead"],
+        "conneau_ours_flat_master_compile": g.ours_args(synth, g.CONNEAU) + g.FLAT_MASTER + ["--compile"],
+        "conneau_ours_flat_master_cudagraphs": g.ours_args(synth, g.CONNEAU) + g.FLAT_MASTER + [
+            "--compile", "--compile-mode", "reduce-overhead"],
     }
     if name not in runs:
         raise SystemExit(f"profile_step: unknown run {name!r}; known: {', '.join(runs)}")
@@ -145,14 +202,17 @@ def run_arguments(name):
 
 
 def profile_one(args):
+    """One rank's fairseq-train (torchrun sets WORLD_SIZE and RANK for a multi-GPU run; fairseq reads them)."""
     from fairseq import trainer
     from fairseq_cli import train
 
-    profiler = StepProfiler(args.out, args.one, args.skip, args.steps)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    name = args.one if world == 1 else f"{args.one}_{world}gpu_rank{rank}"
+    profiler = StepProfiler(args.out, name, args.skip, args.steps, rank)
     trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
-    gpu_speed.write_synthetic(gpu_speed.SYNTH_DIR)
-    sys.argv = ["fairseq-train", *run_arguments(args.one), "--max-update", str(args.skip + args.steps), "--no-save",
-                "--disable-validation", "--seed", "1"]
+    distributed = ["--distributed-world-size", str(world), "--ddp-backend", "pytorch_ddp"] if world > 1 else []
+    sys.argv = ["fairseq-train", *run_arguments(args.one), *distributed, "--max-update", str(args.skip + args.steps),
+                "--no-save", "--disable-validation", "--seed", "1"]
     train.cli_main()
 
 
@@ -163,18 +223,23 @@ def main():
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: profile this run
     parser.add_argument("--skip", type=int, default=60, help="updates before profiling (warm-up, compilation)")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--gpus", type=int, default=1, help="fairseq DDP over this many GPUs (torchrun)")
     args = parser.parse_args()
     if args.one:
         return profile_one(args)
     for name in args.runs.split(","):
         run_arguments(name)  # unknown names fail before anything runs
     os.makedirs(args.out, exist_ok=True)
+    gpu_speed.write_synthetic(gpu_speed.SYNTH_DIR)  # before torchrun's ranks start reading it
+    launcher = [sys.executable] if args.gpus == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus)]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")  # NVLink multicast stays off on the lent machines
     for name in args.runs.split(","):
-        child = [sys.executable, __file__, "--out", args.out, "--one", name, "--skip", str(args.skip), "--steps",
+        child = [*launcher, __file__, "--out", args.out, "--one", name, "--skip", str(args.skip), "--steps",
                  str(args.steps)]
-        log_path = os.path.join(args.out, f"{name}.log")
+        log_path = os.path.join(args.out, f"{name}.log" if args.gpus == 1 else f"{name}_{args.gpus}gpu.log")
         with open(log_path, "w") as log:
-            rc = subprocess.run(child, stdout=log, stderr=subprocess.STDOUT).returncode
+            rc = gpu_speed.run_child(child, log, env)
         with open(log_path, encoding="utf-8", errors="replace") as log:
             print("".join(line for line in log if line.startswith("[profile]")), end="", flush=True)
         if rc:

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from fairseq.data import Dictionary
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.models.partially_shared_roberta import PartiallySharedRoberta, PartiallySharedRobertaConfig
+from fairseq_xmlm.models.partially_shared_roberta import (PartiallySharedRoberta, PartiallySharedRobertaConfig,
+                                                        lookup_by_language)
 
 V, D, FFN, LAYERS, T = 40, 16, 32, 4, 12
 
@@ -166,6 +167,27 @@ def test_lang_pos_uses_language_specific_positions():
     x = model.token_embeddings[0](tokens) + model.position_embeddings[1](torch.arange(T)) + model.language_embedding.weight[1]
     torch.testing.assert_close(as_b, model.embedding_norm(x))
     assert not torch.allclose(as_a, as_b)
+
+
+@pytest.mark.parametrize("lang_pos", [False, True])
+def test_position_slices_equal_position_lookups_with_their_gradients(lang_pos):
+    """Positions are added as slices of the tables (one sum over the batch in backward, no index sort): the same
+    values and table gradients as looking every position up, and a language's table learns from its rows only."""
+    model = make_model(lang_pos=lang_pos)
+    lang_ids = torch.tensor([1, 0, 1])
+    weights = torch.randn(3, T, D)
+    grads = []
+    for positions in (lambda: model.position_states(lang_ids, T),
+                      lambda: lookup_by_language(model.position_embeddings, lang_ids, torch.arange(T).expand(3, T))):
+        model.zero_grad(set_to_none=True)
+        (positions() * weights).sum().backward()
+        grads.append([table.weight.grad for table in model.position_embeddings])
+    torch.testing.assert_close(model.position_states(lang_ids, T).expand(3, T, D),
+                               lookup_by_language(model.position_embeddings, lang_ids, torch.arange(T).expand(3, T)))
+    for sliced, looked_up in zip(*grads):
+        torch.testing.assert_close(sliced, looked_up)
+    if lang_pos:  # table 0 serves row 1 only
+        torch.testing.assert_close(grads[0][0][:T], weights[1])
 
 
 @pytest.mark.parametrize("bad", ["0-2", "3-9", "4-2", "one-two"])

@@ -49,3 +49,20 @@ def test_idle_time_goes_to_the_innermost_open_phase():
     ]
     assert profile_step.idle_by_phase(events) == {"forward": 5, "train_step": 26, "optimizer": 5, "between steps": 18}
     assert profile_step.kernel_times(events) == {"gemm": 43, "adam": 15, "copy": 10}
+
+
+def test_all_reduce_time_not_hidden_behind_compute_kernels():
+    events = [
+        kernel("gemm", 0, 10), kernel("gemm", 8, 20),  # one stream's kernels may touch: 20 us of compute
+        kernel("ncclDevKernel_AllReduce_Sum_f16_RING_LL", 15, 30),  # 5 us beside the gemm, 10 beyond it
+        kernel("layer_norm", 25, 27),  # ... less the 2 us of this one
+        kernel("ncclDevKernel_AllReduce_Sum_f16_RING_LL", 40, 44),  # alone
+    ]
+    assert profile_step.stream_times(events) == (22, 19, 12)
+    # a spinning NCCL kernel is not compute: the gaps around it are idle
+    assert profile_step.idle_by_phase(events) == {"between steps": 5}
+
+
+def test_union_and_overlap_of_intervals():
+    assert profile_step.union([(5, 6), (0, 2), (1, 3)]) == [[0, 3], [5, 6]]
+    assert profile_step.overlap([[0, 3], [5, 6]], [[2, 5.5]]) == 1.5

@@ -248,12 +248,19 @@ class PartiallySharedRoberta(BaseFairseqModel):
             return src_tokens.new_zeros(src_tokens.size(0))
         return lang_ids
 
+    def position_states(self, lang_ids, length):
+        """(1 or B, length, D): the first `length` rows of each row's language's position table. A slice, not an
+        embedding lookup: its gradient is one sum over the batch, where a lookup's backward sorts B x T indices
+        (a dozen kernel launches per step)."""
+        if len(self.position_embeddings) == 1:
+            return self.position_embeddings[0].weight[:length].unsqueeze(0)
+        return torch.stack([table.weight[:length] for table in self.position_embeddings]).index_select(0, lang_ids)
+
     def embed(self, src_tokens, lang_ids):
-        positions = torch.arange(src_tokens.size(1), device=src_tokens.device).unsqueeze(0).expand_as(src_tokens)
         if src_tokens.size(1) > self.max_positions_per_lang:
             raise XmlmError(f"input of {src_tokens.size(1)} tokens exceeds max_positions {self.max_positions_per_lang}")
         x = lookup_by_language(self.token_embeddings, lang_ids, src_tokens)
-        x = x + lookup_by_language(self.position_embeddings, lang_ids, positions)
+        x = x + self.position_states(lang_ids, src_tokens.size(1))
         if self.language_embedding is not None:
             x = x + self.language_embedding(lang_ids).unsqueeze(1)
         return self.embedding_norm(x)
