@@ -4,9 +4,9 @@
 
 One process per GPU; each size is all-reduced 5 times to warm up, then 20 times timed. Prints the time per
 all-reduce and NCCL's two bandwidth figures: algorithm bandwidth (bytes / time) and bus bandwidth (algorithm
-bandwidth x 2 (N - 1) / N, what each link carries in a ring, comparable across GPU counts). 164 MB is the fp16
-gradient of the Conneau config (81.6M parameters with the 32k-vocabulary embedding), 25 MB fairseq's default DDP
-bucket.
+bandwidth x 2 (N - 1) / N, what each link carries in a ring, comparable across GPU counts). Sizes are in MiB:
+25 MiB is fairseq's default DDP bucket; the Conneau config's whole fp16 gradient (about 82M parameters with the
+32k-vocabulary embedding) is about 156 MiB, so 164 MiB is a little more than it.
 """
 import argparse
 import os
@@ -33,7 +33,7 @@ def measure(rank, world, sizes_mb, port):
         seconds = (time.perf_counter() - started) / 20
         if rank == 0:
             algbw = buffer.numel() * 2 / seconds / 1e9
-            print(f"[allreduce] {world} GPUs, {mb} MB fp16: {seconds * 1e3:.2f} ms, algorithm bandwidth "
+            print(f"[allreduce] {world} GPUs, {mb} MiB fp16: {seconds * 1e3:.2f} ms, algorithm bandwidth "
                   f"{algbw:.0f} GB/s, bus bandwidth {algbw * 2 * (world - 1) / world:.0f} GB/s", flush=True)
     dist.destroy_process_group()
 

@@ -57,9 +57,13 @@ def kernel_times(events):
     return times
 
 
+def is_all_reduce_kernel(event):
+    return is_kernel(event) and kernel_kind(event.name) == "all-reduce"
+
+
 def is_compute_kernel(event):
     """A kernel that is not NCCL's: an all-reduce kernel waiting for its peers occupies the GPU without working."""
-    return is_kernel(event) and kernel_kind(event.name) != "all-reduce"
+    return is_kernel(event) and not is_all_reduce_kernel(event)
 
 
 def union(spans):
@@ -89,8 +93,7 @@ def stream_times(events):
     """(compute us, all-reduce us, exposed all-reduce us): the time at least one compute kernel runs, the time at
     least one NCCL kernel runs, and the part of the latter during which no compute kernel runs."""
     compute = union((e.time_range.start, e.time_range.end) for e in filter(is_compute_kernel, events))
-    nccl = union((e.time_range.start, e.time_range.end) for e in filter(is_kernel, events)
-                 if kernel_kind(e.name) == "all-reduce")
+    nccl = union((e.time_range.start, e.time_range.end) for e in filter(is_all_reduce_kernel, events))
     nccl_us = sum(end - start for start, end in nccl)
     return sum(end - start for start, end in compute), nccl_us, nccl_us - overlap(compute, nccl)
 

@@ -176,14 +176,14 @@ def test_position_slices_equal_position_lookups_with_their_gradients(lang_pos):
     model = make_model(lang_pos=lang_pos)
     lang_ids = torch.tensor([1, 0, 1])
     weights = torch.randn(3, T, D)
-    grads = []
-    for positions in (lambda: model.position_states(lang_ids, T),
+    values, grads = [], []
+    for positions in (lambda: model.position_states(lang_ids, T).expand(3, T, D),
                       lambda: lookup_by_language(model.position_embeddings, lang_ids, torch.arange(T).expand(3, T))):
         model.zero_grad(set_to_none=True)
-        (positions() * weights).sum().backward()
+        values.append(positions())
+        (values[-1] * weights).sum().backward()
         grads.append([table.weight.grad for table in model.position_embeddings])
-    torch.testing.assert_close(model.position_states(lang_ids, T).expand(3, T, D),
-                               lookup_by_language(model.position_embeddings, lang_ids, torch.arange(T).expand(3, T)))
+    torch.testing.assert_close(*values)
     for sliced, looked_up in zip(*grads):
         torch.testing.assert_close(sliced, looked_up)
     if lang_pos:  # table 0 serves row 1 only
