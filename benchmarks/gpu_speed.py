@@ -9,12 +9,14 @@ and compilation) and updates/s its `ups`. Sections:
 - single:     Conneau config (8 layers, 768, 12 heads, 3072 FFN, 256 tokens, batch 96) and Dufter's BERT-small
               (12 layers, 64, 1 head, 256 FFN, 128 tokens, batch 256) on synthetic 32k-vocabulary data:
               stock `roberta` (--fp16, and fp32 for BERT-small) vs ours (--fp16 + xmlm_adamw; with its flat master
-              weights, --memory-efficient-fp16, alone, with --compile and with its CUDA-graph mode).
+              weights, --memory-efficient-fp16, alone, with cuDNN's attention, with --compile and with its CUDA-graph
+              mode; BENCH_VARIANTS picks, BENCH_BEFORE adds the runs of an earlier tree of this package).
               Prints the ratio to stock --fp16 and the model FLOPs utilisation (MFU).
 - strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
               within-language random words (Conneau config, Bible en-fr).
 - multigpu:   fairseq's own DDP over NCCL on 1, 2, ... GPUs (--gpus), Conneau config, batch 96 per GPU:
-              ours (flat master weights) and stock, scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
+              our variants (BENCH_MULTIGPU_KINDS; default flat master weights) and stock,
+              scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
 - alone:      Dufter's small run and BERT-base ("overparam") alone, updates/s.
 - pack:       Dufter's small run packed N at a time on one GPU (fairseq_xmlm.gpu_pack): wall time, aggregate
               updates/s (start-up included, as in a real sweep).
@@ -50,13 +52,16 @@ def log(msg):
     print(f"[gpu-speed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def write_synthetic(root, n_tokens=5_875_200, seed=0):
+def write_synthetic(root, n_tokens=41_126_400, seed=0):
     """dict.txt with SYNTH_VOCAB symbols; ~Zipfian token stream as 30-token sentences, written twice: train.bin
     (stock masked_lm) and train.en.bin (our bilingual_mlm), plus a small valid split of each.
 
-    The default size makes every batch full for both models on 1, 2 or 4 GPUs: 195,840 sentences of 30 tokens +
-    </s> are 23,808 blocks of 255 tokens (+ <s>), 62 x 4 x 96. A compiled model then sees one batch shape only,
-    where a short last batch would compile and record its graphs again inside the measured intervals."""
+    The default size makes every batch full for both models on 1, 2 or 4 GPUs: 1,370,880 sentences of 30 tokens +
+    </s> are 166,656 blocks of 255 tokens (+ <s>), 434 x 4 x 96. A compiled model then sees one batch shape only,
+    where a short last batch would compile and record its graphs again inside the measured intervals. And a run of
+    up to 434 updates stays in its first epoch on 4 GPUs too: an epoch boundary (a new batch iterator, its data
+    workers started again) cost a 4-GPU run 0.16-0.27 s (docs/benchmarks.md, seventh session), and with a smaller
+    set the 4-GPU runs would pay it four times as often as the 1-GPU runs they are compared with."""
     from fairseq.data import Dictionary, indexed_dataset
 
     os.makedirs(root, exist_ok=True)
@@ -99,18 +104,28 @@ def parse_train_inner(path):
     return rows
 
 
-def run_child(cmd, log_file, env=None, preexec_fn=None):
+RUN_TIMED_OUT = 124  # run_child's status for a run stopped at its time limit (as `timeout` reports it)
+
+
+def run_child(cmd, log_file, env=None, preexec_fn=None, time_limit=None):
     """Exit status of `cmd`, run with its output to log_file in a process group of its own. SIGTERM or SIGINT to
     this script stops that whole group (fairseq-train, its DDP ranks, their data-loader workers) before exiting:
     under `timeout N python3 benchmarks/gpu_speed.py | grep ...` a surviving rank keeps the pipe open, and the
-    device call then runs into its own limit with nothing sent back."""
+    device call then runs into its own limit with nothing sent back. A run still going after `time_limit` seconds
+    (a hung rank) is stopped the same way and reported as RUN_TIMED_OUT; the script goes on with the next run."""
     child = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn,
                              start_new_session=True)
-    stopped = []  # (signal, when) once this script is asked to stop
+    stopped = []  # the signal, once this script is asked to stop
+    terminated = []  # when the group was sent SIGTERM (asked to stop, or past the time limit)
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+
+    def terminate():
+        terminated.append(time.monotonic())
+        _signal_group(child.pid, signal.SIGTERM)
 
     def stop(signum, _frame):  # only signals: waiting here would deadlock with the wait it interrupted
-        stopped.append((signum, time.monotonic()))
-        _signal_group(child.pid, signal.SIGTERM)
+        stopped.append(signum)
+        terminate()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -119,15 +134,18 @@ def run_child(cmd, log_file, env=None, preexec_fn=None):
                 rc = child.wait(1)
                 break
             except subprocess.TimeoutExpired:
-                if stopped and time.monotonic() - stopped[0][1] > 10:  # SIGTERM ignored
+                if not terminated and deadline is not None and time.monotonic() > deadline:
+                    terminate()
+                if terminated and time.monotonic() - terminated[0] > 10:  # SIGTERM ignored
                     _signal_group(child.pid, signal.SIGKILL)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if stopped:
+    if terminated:
         _signal_group(child.pid, signal.SIGKILL)  # what of the group outlived its leader
-        raise SystemExit(128 + stopped[0][0])
-    return rc
+    if stopped:
+        raise SystemExit(128 + stopped[0])
+    return RUN_TIMED_OUT if terminated else rc
 
 
 def _signal_group(pgid, sig):
@@ -150,6 +168,8 @@ class Bench:
         self.results = {"card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
                         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "runs": {}}
         self.peak = next((v for k, v in PEAK_FLOPS.items() if k in self.results["card"]), None)
+        # BENCH_RUN_SECONDS: stop any one fairseq-train after this long (a hung DDP rank must not take the call)
+        self.run_seconds = float(os.environ["BENCH_RUN_SECONDS"]) if os.environ.get("BENCH_RUN_SECONDS") else None
 
     def save(self):
         tmp = os.path.join(self.out, "summary.json.tmp")
@@ -166,8 +186,8 @@ class Bench:
         with open(path, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
-            rc = run_child(cmd, f, env)
-        result = {}
+            rc = run_child(cmd, f, env, time_limit=self.run_seconds)
+        result = {"timed_out": True} if rc == RUN_TIMED_OUT else {}
         if rc != 0 and _out_of_files(path):  # seen once with DDP's data-loader workers: say so, retry, hard limit
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             result["first_try"] = f"Too many open files with the open-file limit {soft}; retried with {hard}"
@@ -175,8 +195,8 @@ class Bench:
             os.replace(path, path[:-len(".log")] + ".first_try.log")
             started = time.perf_counter()
             with open(path, "w") as f:
-                rc = run_child(cmd, f, env, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
-                                                                                   (hard, hard)))
+                rc = run_child(cmd, f, env, time_limit=self.run_seconds,
+                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard)))
         rows = parse_train_inner(path)[1:]
         result.update({"cmd": " ".join(cmd[1:]), "rc": rc, "wall_s": round(time.perf_counter() - started, 1)})
         if rc == 0 and rows:
@@ -233,19 +253,41 @@ def dufter_args(data, model="xmlm_bert_small", extra=()):
             "--warmup-updates", "50", "--total-num-update", "6900", "--fp16", "--num-workers", "2", *extra]
 
 
+def single_variants(user_dir="fairseq_xmlm"):
+    """Our runs of the single section by name: fp16 (fairseq's --fp16 loss scaling, fp32 master weights in
+    FP16Optimizer); flat master (xmlm_adamw keeps them flat, --memory-efficient-fp16) alone, with cuDNN's attention,
+    with --compile in the default mode and in reduce-overhead (CUDA graphs), and CUDA graphs with cuDNN's attention;
+    bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here)."""
+    def swap(argv):  # the plugin from user_dir
+        return [user_dir if a == "fairseq_xmlm" else a for a in argv]
+
+    flat = swap(FLAT_MASTER)
+    return {"fp16": swap(FAST), "fp16_flat_master": flat,
+            "fp16_flat_master_cudnn": flat + ["--cudnn-attention"],
+            "fp16_flat_master_compile": flat + ["--compile"],
+            "fp16_flat_master_cudagraphs": flat + ["--compile", "--compile-mode", "reduce-overhead"],
+            "fp16_flat_master_cudagraphs_cudnn": flat + ["--compile", "--compile-mode", "reduce-overhead",
+                                                         "--cudnn-attention"],
+            "bf16": swap(OURS)}
+
+
 def section_single(b, synth):
-    """Ours in fp16 (fairseq's --fp16 loss scaling, fp32 master weights in FP16Optimizer), with the master weights
-    flat in xmlm_adamw (--memory-efficient-fp16), and that with --compile in the default mode and in reduce-overhead
-    (CUDA graphs); stock in fp16 (and fp32 for BERT-small). `--amp-bf16` is
-    slower than --fp16 here (autocast re-casts every weight and activation each step); set BENCH_BF16=1 to measure
-    it too. BENCH_MODELS=conneau (or bertsmall) runs one model only, BENCH_COMPILE=0 skips both --compile runs."""
+    """Stock in fp16 (and fp32 for BERT-small), then our variants (`single_variants`) named in BENCH_VARIANTS
+    (default: all but bf16). BENCH_BEFORE=DIR also runs the fairseq_xmlm package in DIR (e.g. `git archive` of an
+    earlier commit) with BENCH_BEFORE_VARIANTS (default fp16_flat_master): a before/after pair of one call.
+    BENCH_MODELS=conneau (or bertsmall) runs one model only."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
-    variants = [("fp16", FAST), ("fp16_flat_master", FLAT_MASTER)]
-    if os.environ.get("BENCH_COMPILE", "1") == "1":
-        variants += [("fp16_flat_master_compile", FLAT_MASTER + ["--compile"]),
-                     ("fp16_flat_master_cudagraphs", FLAT_MASTER + ["--compile", "--compile-mode", "reduce-overhead"])]
-    if os.environ.get("BENCH_BF16"):
-        variants.append(("bf16", OURS))
+    known = single_variants()
+    names = os.environ.get("BENCH_VARIANTS", ",".join(name for name in known if name != "bf16")).split(",")
+    before = os.environ.get("BENCH_BEFORE")
+    before_names = os.environ.get("BENCH_BEFORE_VARIANTS", "fp16_flat_master").split(",") if before else []
+    unknown = sorted(set(names + before_names) - set(known))
+    if unknown:
+        raise SystemExit(f"gpu_speed: unknown variants {unknown}; BENCH_VARIANTS may hold {', '.join(known)}")
+    runs = [(name, known[name]) for name in names]
+    if before:
+        old = single_variants(os.path.join(os.path.abspath(before), "fairseq_xmlm"))
+        runs += [(f"before_{name}", old[name]) for name in before_names]
     models = os.environ.get("BENCH_MODELS", "conneau,bertsmall").split(",")
     for prefix, model, stocks in (("conneau", CONNEAU, ["fp16"]), ("bertsmall", BERT_SMALL, ["fp32", "fp16"])):
         if prefix not in models:
@@ -253,8 +295,8 @@ def section_single(b, synth):
         for precision in stocks:
             b.train(f"{prefix}_stock_{precision}", stock_args(synth, model) + (["--fp16"] if precision == "fp16" else []),
                     u, 50, model)
-        for name, extra in variants:
-            b.train(f"{prefix}_ours_{name}", ours_args(synth, model) + extra, u + (100 if "compile" in name else 0),
+        for name, extra in runs:
+            b.train(f"{prefix}_ours_{name}", ours_args(synth, model) + extra, u + (100 if "--compile" in extra else 0),
                     50, model)
             for precision in stocks:
                 b.ratio(f"{prefix}_ours_{name} / {prefix}_stock_{precision}", f"{prefix}_ours_{name}",
@@ -290,22 +332,23 @@ def section_strategies(b, fake_data, bible_data):
 
 
 def section_multigpu(b, synth, gpus):
-    """BENCH_MULTIGPU_KINDS (default "ours,stock"), run in that order: ours (with its flat master weights), stock,
-    ours_cudagraphs (--compile --compile-mode reduce-overhead), ours_ddp_args (ours + the arguments in
-    BENCH_DDP_ARGS, e.g. DDP or data-loader options)."""
+    """BENCH_MULTIGPU_KINDS (default "fp16_flat_master,stock"), run in that order: "stock" and any of our
+    `single_variants` (e.g. fp16_flat_master_cudagraphs_cudnn). BENCH_DDP_ARGS adds arguments to our multi-GPU
+    runs (DDP or data-loader options)."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
-    ours = ours_args(synth, CONNEAU) + FLAT_MASTER
-    known = {"ours": (ours, u), "stock": (stock_args(synth, CONNEAU) + ["--fp16"], u),
-             "ours_cudagraphs": (ours + ["--compile", "--compile-mode", "reduce-overhead"], u + 100),
-             "ours_ddp_args": (ours + os.environ.get("BENCH_DDP_ARGS", "").split(), u)}
-    names = os.environ.get("BENCH_MULTIGPU_KINDS", "ours,stock").split(",")
+    known = {"stock": stock_args(synth, CONNEAU) + ["--fp16"],
+             **{name: ours_args(synth, CONNEAU) + extra for name, extra in single_variants().items()}}
+    names = os.environ.get("BENCH_MULTIGPU_KINDS", "fp16_flat_master,stock").split(",")
     if not set(names) <= set(known):
         raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
-    kinds = [(name, *known[name]) for name in names]
+    ddp_args = os.environ.get("BENCH_DDP_ARGS", "").split()
+    kinds = [(name, known[name], u + (100 if "--compile" in known[name] else 0)) for name in names]
     for kind, argv, updates in kinds:
         for n in gpus:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
             dist = ["--distributed-world-size", str(n), "--ddp-backend", "pytorch_ddp"] if n > 1 else []
+            if n > 1 and kind != "stock":
+                dist += ddp_args
             b.train(f"multi_{kind}_{n}gpu", argv + dist, updates, 50, CONNEAU, env=env, gpus=n)
         for n in gpus[1:]:
             key = f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)"

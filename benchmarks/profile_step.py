@@ -27,7 +27,7 @@ import gpu_speed  # noqa: E402  (the runs' arguments and synthetic data are gpu_
 
 
 KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins (flash kernels' names hold "cutlass")
-    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "dot_do_o", "convert_dq")),  # the last two: cuDNN's backward
     ("matrix products", ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_", "splitk")),
     ("all-reduce", ("nccl",)),
     ("optimizer", ("multi_tensor", "adam")),
@@ -188,17 +188,16 @@ class StepProfiler:
 def run_arguments(name):
     """fairseq-train arguments of a named run, as benchmarks/gpu_speed.py builds them."""
     g, synth = gpu_speed, gpu_speed.SYNTH_DIR
+    ours = g.ours_args(synth, g.CONNEAU)
     runs = {
         "conneau_stock": g.stock_args(synth, g.CONNEAU) + ["--fp16"],
-        "conneau_ours": g.ours_args(synth, g.CONNEAU) + g.FAST,
-        "conneau_ours_flat_master": g.ours_args(synth, g.CONNEAU) + g.FLAT_MASTER,
-        "conneau_ours_compile": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile"],
-        "conneau_ours_cudagraphs": g.ours_args(synth, g.CONNEAU) + g.FAST + ["--compile", "--compile-mode",
-                                                                               "reduce-overhead"],
-        "conneau_ours_flat_master_compile": g.ours_args(synth, g.CONNEAU) + g.FLAT_MASTER + ["--compile"],
-        "conneau_ours_flat_master_cudagraphs": g.ours_args(synth, g.CONNEAU) + g.FLAT_MASTER + [
-            "--compile", "--compile-mode", "reduce-overhead"],
+        "conneau_ours": ours + g.FAST,
+        "conneau_ours_compile": ours + g.FAST + ["--compile"],
+        "conneau_ours_cudagraphs": ours + g.FAST + ["--compile", "--compile-mode", "reduce-overhead"],
     }
+    # conneau_ours_flat_master, ..._cudnn, ..._compile, ..._cudagraphs, ..._cudagraphs_cudnn
+    runs.update({f"conneau_ours_{variant[len('fp16_'):]}": ours + extra
+                 for variant, extra in g.single_variants().items() if variant.startswith("fp16_flat_master")})
     if name not in runs:
         raise SystemExit(f"profile_step: unknown run {name!r}; known: {', '.join(runs)}")
     return runs[name]

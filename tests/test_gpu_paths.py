@@ -17,6 +17,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer, build_optimizer
 from omegaconf import OmegaConf
+from torch.nn.attention import SDPBackend
 
 from conftest import fairseq_train
 from fairseq_xmlm.errors import XmlmError
@@ -85,6 +86,24 @@ def test_amp_bf16_runs_matrix_work_in_bf16_and_keeps_fp32_weights_and_gradients(
     torch.nn.functional.cross_entropy(logits.view(-1, V).float(), tokens.view(-1)).backward()
     assert all(p.dtype == torch.float32 for p in amp.parameters())
     assert amp.layers[0][0].ffn_in.weight.grad.dtype == torch.float32
+
+
+def test_cudnn_attention_puts_cudnn_first_in_each_attention_call_only_and_changes_no_result(monkeypatch):
+    plain, cudnn = make_model(), make_model(cudnn_attention=True)
+    cudnn.load_state_dict(plain.state_dict())
+    sdpa, seen = torch.nn.functional.scaled_dot_product_attention, []
+
+    def recording_sdpa(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch._C._get_sdp_priority_order()[0]))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    tokens, langs = inputs()
+    logits = [model(tokens, lang_ids=langs)[0] for model in (plain, cudnn)]
+    flash, cudnn_first = int(SDPBackend.FLASH_ATTENTION), int(SDPBackend.CUDNN_ATTENTION)
+    assert seen == [(False, flash)] * 2 + [(True, cudnn_first)] * 2  # 2 layers each
+    assert not torch.backends.cuda.cudnn_sdp_enabled() and torch._C._get_sdp_priority_order()[0] == flash
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=0)  # on the CPU both are the math kernel
 
 
 def test_lookup_by_language_equals_routing_with_the_same_gradients():

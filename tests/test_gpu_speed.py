@@ -44,3 +44,21 @@ def _state(pid):
             return stat.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def test_a_run_past_its_time_limit_is_stopped_with_what_it_started_and_reported(tmp_path):
+    sys.path.insert(0, BENCHMARKS)
+    import gpu_speed
+
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}, sys.argv[1]]); " \
+            "time.sleep(60)"
+    started = time.monotonic()
+    with open(tmp_path / "run.log", "w") as log:
+        rc = gpu_speed.run_child([sys.executable, "-c", child, str(pid_file)], log, time_limit=5)
+    assert rc == gpu_speed.RUN_TIMED_OUT and time.monotonic() - started < 30 and pid_file.exists()
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{int(pid_file.read_text())}") and "Z" not in _state(int(pid_file.read_text())):
+        assert time.time() < deadline, "the grandchild outlived its run"
+        time.sleep(0.05)

@@ -13,6 +13,7 @@ Attention goes through `torch.nn.functional.scaled_dot_product_attention` (flash
 Layers are post-LayerNorm as in BERT. `encode_layers` returns the states of every layer, layer 0 being the
 embedding output after LayerNorm, which is what the multilinguality metrics read.
 """
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -21,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.precision import bf16_autocast
@@ -55,6 +57,12 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
     amp_bf16: bool = field(
         default=False, metadata={"help": "forward pass under bf16 autocast, fp32 weights (fairseq's --bf16 needs a TPU)"}
     )
+    cudnn_attention: bool = field(
+        default=False,
+        metadata={"help": "attention through cuDNN's fused kernel first (flash / memory-efficient if it cannot): "
+                          "for batches of one shape, such as full 256-token streams; cuDNN plans each new shape "
+                          "on the host, milliseconds per sequence length"},
+    )
 
 
 def parse_layer_range(text, num_layers):
@@ -75,14 +83,20 @@ def avoid_cudnn_attention():
 
     Measured on an H100 (torch 2.11): cuDNN's attention spends 5-10 ms of host time per call building an execution
     plan whenever the sequence length changes, i.e. at almost every batch of sentences; 24 such calls per update
-    made BERT training wait on the CPU. The other kernels cost microseconds to launch.
+    made BERT training wait on the CPU. The other kernels cost microseconds to launch. `--cudnn-attention` puts
+    cuDNN first again around each attention call, for batches of one shape (one plan, built once).
     """
     if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+# Backend order of `--cudnn-attention`; the others stay as fallbacks (masks, CPU).
+CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+               SDPBackend.MATH]
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, dim, heads, dropout):
+    def __init__(self, dim, heads, dropout, cudnn=False):
         super().__init__()
         if dim % heads:
             raise XmlmError(f"hidden size {dim} is not divisible by {heads} attention heads")
@@ -90,6 +104,7 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
         self.dropout = dropout
+        self.cudnn = cudnn
 
     def forward(self, x, keep):
         """x (B, T, D); keep (B, 1, 1, T) bool, True for real (non-pad) keys."""
@@ -100,7 +115,9 @@ class SelfAttention(nn.Module):
         # config). The parameters (and checkpoints) stay one `qkv` layer.
         q, k, v = (F.linear(x, weight, bias).view(b, t, self.heads, d // self.heads).transpose(1, 2)
                    for weight, bias in zip(self.qkv.weight.chunk(3), self.qkv.bias.chunk(3)))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=self.dropout if self.training else 0.0)
+        with sdpa_kernel(CUDNN_FIRST, set_priority=True) if self.cudnn else nullcontext():
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
+                                               dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -110,14 +127,15 @@ class TransformerLayer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         dim = cfg.encoder_embed_dim
-        self.attention = SelfAttention(dim, cfg.encoder_attention_heads, cfg.attention_dropout)
+        # configurations saved before an option existed have no key for it
+        self.attention = SelfAttention(dim, cfg.encoder_attention_heads, cfg.attention_dropout,
+                                       getattr(cfg, "cudnn_attention", False))
         self.attention_norm = nn.LayerNorm(dim)
         self.ffn_in = nn.Linear(dim, cfg.encoder_ffn_embed_dim)
         self.ffn_out = nn.Linear(cfg.encoder_ffn_embed_dim, dim)
         self.ffn_norm = nn.LayerNorm(dim)
         self.activation = F.gelu if cfg.activation_fn == "gelu" else F.relu
         self.dropout = nn.Dropout(cfg.dropout)
-        # configurations saved before the option existed had no key for it
         self.activation_dropout = nn.Dropout(getattr(cfg, "activation_dropout", 0.0))
 
     def forward(self, x, keep):
