@@ -26,7 +26,8 @@ def annotation(name, start, end, device_type=DeviceType.CPU):
 @pytest.mark.parametrize("name,kind", [
     ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, cutlass::half_t>>",
      "attention"),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0",
+     "attention"),
     ("void cudnn::fusion::compute_dot_do_o_specialized<false, 64>(void const*, void const*, void*)", "attention"),
     ("void cudnn::fusion::convert_dq_to_16bits<false>(void const*, void*, unsigned int)", "attention"),
     ("nvjet_sm90_hsh_192x192_64x4_1x2_h_bz_coopB_bias_TNN", "matrix products"),
