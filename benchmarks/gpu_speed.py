@@ -253,6 +253,16 @@ def dufter_args(data, model="xmlm_bert_small", extra=()):
             "--warmup-updates", "50", "--total-num-update", "6900", "--fp16", "--num-workers", "2", *extra]
 
 
+def ddp_arguments(gpus):
+    """fairseq's own DDP over `gpus` GPUs (none for one GPU)."""
+    return ["--distributed-world-size", str(gpus), "--ddp-backend", "pytorch_ddp"] if gpus > 1 else []
+
+
+def updates_for(argv, updates):
+    """A compiled run gets 100 more updates: its first logged interval, left out of the mean, holds compilation."""
+    return updates + (100 if "--compile" in argv else 0)
+
+
 def single_variants(user_dir="fairseq_xmlm"):
     """Our runs of the single section by name: fp16 (fairseq's --fp16 loss scaling, fp32 master weights in
     FP16Optimizer); flat master (xmlm_adamw keeps them flat, --memory-efficient-fp16) alone, with cuDNN's attention,
@@ -296,8 +306,7 @@ def section_single(b, synth):
             b.train(f"{prefix}_stock_{precision}", stock_args(synth, model) + (["--fp16"] if precision == "fp16" else []),
                     u, 50, model)
         for name, extra in runs:
-            b.train(f"{prefix}_ours_{name}", ours_args(synth, model) + extra, u + (100 if "--compile" in extra else 0),
-                    50, model)
+            b.train(f"{prefix}_ours_{name}", ours_args(synth, model) + extra, updates_for(extra, u), 50, model)
             for precision in stocks:
                 b.ratio(f"{prefix}_ours_{name} / {prefix}_stock_{precision}", f"{prefix}_ours_{name}",
                         f"{prefix}_stock_{precision}")
@@ -342,13 +351,11 @@ def section_multigpu(b, synth, gpus):
     if not set(names) <= set(known):
         raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
     ddp_args = os.environ.get("BENCH_DDP_ARGS", "").split()
-    kinds = [(name, known[name], u + (100 if "--compile" in known[name] else 0)) for name in names]
+    kinds = [(name, known[name], updates_for(known[name], u)) for name in names]
     for kind, argv, updates in kinds:
         for n in gpus:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
-            dist = ["--distributed-world-size", str(n), "--ddp-backend", "pytorch_ddp"] if n > 1 else []
-            if n > 1 and kind != "stock":
-                dist += ddp_args
+            dist = ddp_arguments(n) + (ddp_args if n > 1 and kind != "stock" else [])
             b.train(f"multi_{kind}_{n}gpu", argv + dist, updates, 50, CONNEAU, env=env, gpus=n)
         for n in gpus[1:]:
             key = f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)"

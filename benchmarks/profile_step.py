@@ -212,9 +212,8 @@ def profile_one(args):
     name = args.one if world == 1 else f"{args.one}_{world}gpu_rank{rank}"
     profiler = StepProfiler(args.out, name, args.skip, args.steps, rank)
     trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
-    distributed = ["--distributed-world-size", str(world), "--ddp-backend", "pytorch_ddp"] if world > 1 else []
-    sys.argv = ["fairseq-train", *run_arguments(args.one), *distributed, "--max-update", str(args.skip + args.steps),
-                "--no-save", "--disable-validation", "--seed", "1"]
+    sys.argv = ["fairseq-train", *run_arguments(args.one), *gpu_speed.ddp_arguments(world), "--max-update",
+                str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
     train.cli_main()
 
 
