@@ -23,6 +23,23 @@ def dufter_recipe():
     return recipe
 
 
+def recipe_commands(ids, seeds, data, out, updates, knn_table):
+    """`examples/dufter/run.py full`'s fairseq-train commands of these run IDs and the first `seeds` seeds, capped at
+    `updates` updates, without the multilinguality hook (the timing is of training), logs and checkpoints in out."""
+    recipe = dufter_recipe()
+    commands = []
+    for run_id in ids:
+        for seed in recipe.SEEDS[:seeds]:
+            run_dir = out / run_id / f"seed{seed}"
+            command = recipe.train_command(run_id, seed, data, run_dir / "checkpoints", recipe.PRESETS["full"],
+                                           knn_table)
+            if "--eval-multilinguality" in command:
+                command.remove("--eval-multilinguality")
+            commands.append([str(c) for c in command] + ["--max-update", str(updates),
+                                                         "--log-file", str(run_dir / "train.log")])
+    return commands
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(REPO / "data-bin" / "fake_english"))
@@ -34,21 +51,11 @@ def main():
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    from fairseq_xmlm.evaluation.tables import RUNS
     from fairseq_xmlm.packed_training import train_side_by_side
 
-    recipe = dufter_recipe()
-    data, out = Path(args.data), Path(args.out)
-    commands = []
-    for run_id in args.ids.split(","):
-        for seed in recipe.SEEDS[:args.seeds]:
-            run_dir = out / run_id / f"seed{seed}"
-            command = recipe.train_command(run_id, seed, data, run_dir / "checkpoints", recipe.PRESETS["full"],
-                                           args.knn_table)
-            if "--eval-multilinguality" in command:  # no multilinguality hook: the timing is of training
-                command.remove("--eval-multilinguality")
-            commands.append([str(c) for c in command] + ["--max-update", str(args.updates),
-                                                         "--log-file", str(run_dir / "train.log")])
+    commands = recipe_commands(args.ids.split(","), args.seeds, Path(args.data), Path(args.out), args.updates,
+                               args.knn_table)
+    out = Path(args.out)
     result = train_side_by_side(commands, out / "pack", args.max_group)
     import torch
 

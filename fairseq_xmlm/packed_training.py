@@ -1,12 +1,13 @@
 """Train many Fake-English fairseq-train runs at once on one GPU, as stacked models (`examples/dufter --gpu-pack`).
 
     python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32] [--time-limit S]
+        [--compile]
 
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
 and its task, model (initialised with the command's seed, exactly as fairseq-train does) and training set are built
-by fairseq; runs with the same model shape, optimiser settings, schedule and seed (so identical batches, see
-`group_key`) are then trained together as one `StackedEncoder`, up to --max-group runs at a time.
+by fairseq; runs with the same model shape, optimiser settings and schedule (`group_key`; seeds may differ) are then
+trained together as one `StackedEncoder`, up to --max-group runs at a time.
 `train_side_by_side` runs each group in its own process, several at once on the GPU. What each run gets is what
 fairseq-train would give it:
 
@@ -148,11 +149,12 @@ def epoch_batches(run, epoch):
 
 
 def group_key(run):
-    """Runs with equal keys step together: one model shape, one schedule, one optimiser, one training-set size,
-    one seed. fairseq's batches depend only on the seed and the sizes, so a group's runs get identical batches
-    (sentence ids and lengths) at every step: stacking them costs no padding."""
+    """Runs with equal keys step together: one model shape, one schedule, one optimiser, one training set. Seeds
+    may differ: each run keeps its own seed's initialisation and batches, and a step pads to the longest of its
+    runs' batches (batches hold sentences of similar length, so little); stacking the 5 seeds' BERT-small runs
+    gave 1.9x the run-updates/s of stacking each seed's alone (docs/benchmarks.md)."""
     c, t, m = run.cfg, run.cfg.task, run.cfg.model
-    return (c.common.seed, m.encoder_layers, m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_attention_heads,
+    return (m.encoder_layers, m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_attention_heads,
             m.activation_fn, m.dropout, m.attention_dropout, m.activation_dropout, t.lang_pos, t.no_parallel, t.data,
             t.mask_prob, t.tokens_per_sample, c.optimizer._name, adam_betas(c.optimizer), c.optimizer.adam_eps,
             c.optimizer.weight_decay, tuple(c.optimization.lr), c.optimization.clip_norm, c.optimization.max_epoch,
@@ -177,34 +179,36 @@ def learning_rate(update, sched, peak):
 
 
 class AdamState:
-    """Adam over the flat (N, P) buffers: fairseq's `adam` formula, or torch AdamW's (`xmlm_adamw`)."""
+    """Adam over the flat (N, P) master weights, one fused kernel per step (torch's AdamW, fused=True). For fairseq's
+    `adam`, which adds eps before the bias correction, that is torch's update with eps / sqrt(1 - beta2^t), given at
+    each step; `xmlm_adamw` is torch's own."""
 
-    def __init__(self, flat, betas, eps, weight_decay, torch_style):
-        self.exp_avg, self.exp_avg_sq = torch.zeros_like(flat), torch.zeros_like(flat)
-        self.betas, self.eps, self.weight_decay, self.torch_style = betas, eps, weight_decay, torch_style
+    def __init__(self, flat, grads, betas, eps, weight_decay, torch_style):
+        flat.grad = grads
+        self.optimizer = torch.optim.AdamW([flat], lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay,
+                                           fused=True)
+        # the state made here rather than at the first step, so a resumed group can fill it in
+        self.state = self.optimizer.state[flat]
+        self.state.update(step=torch.zeros((), device=flat.device), exp_avg=torch.zeros_like(flat),
+                          exp_avg_sq=torch.zeros_like(flat))
+        self.beta2, self.eps, self.torch_style = betas[1], eps, torch_style
         self.step_count = 0
 
-    def step(self, params, grads, lr):
-        beta1, beta2 = self.betas
+    def step(self, lr):
         self.step_count += 1
-        self.exp_avg.mul_(beta1).add_(grads, alpha=1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grads, grads, value=1 - beta2)
-        correction1, correction2 = 1 - beta1 ** self.step_count, 1 - beta2 ** self.step_count
-        if self.torch_style:  # torch.optim.AdamW: eps added after the bias correction
-            denom = (self.exp_avg_sq.sqrt() / math.sqrt(correction2)).add_(self.eps)
-            step_size = lr / correction1
-            params.mul_(1 - lr * self.weight_decay)
-        else:  # fairseq.optim.adam: eps added before it
-            denom = self.exp_avg_sq.sqrt().add_(self.eps)
-            step_size = lr * math.sqrt(correction2) / correction1
-            params.add_(params, alpha=-self.weight_decay * lr)
-        params.addcdiv_(self.exp_avg, denom, value=-step_size)
+        group = self.optimizer.param_groups[0]
+        group["lr"] = lr
+        group["eps"] = self.eps if self.torch_style else self.eps / math.sqrt(1 - self.beta2 ** self.step_count)
+        self.optimizer.step()
 
+    def state_dict(self):
+        return {"exp_avg": self.state["exp_avg"], "exp_avg_sq": self.state["exp_avg_sq"], "adam_steps": self.step_count}
 
-def clip_per_run(grads, max_norm):
-    """fairseq's --clip-norm, each run (row of the flat gradient) on its own norm."""
-    norms = grads.norm(dim=1, keepdim=True)
-    grads.mul_((max_norm / (norms + 1e-6)).clamp(max=1.0))
+    def load_state_dict(self, state):
+        self.state["exp_avg"].copy_(state["exp_avg"])
+        self.state["exp_avg_sq"].copy_(state["exp_avg_sq"])
+        self.step_count = state["adam_steps"]
+        self.state["step"].fill_(self.step_count)
 
 
 def max_targets(sizes, mask_prob):
@@ -331,16 +335,17 @@ def save_checkpoint(run, state_dict, epoch):
 class PackedGroup:
     """The runs of one group_key as one stacked model with its optimiser and random streams."""
 
-    def __init__(self, runs, device, precision="bf16"):
+    def __init__(self, runs, device, precision="bf16", compile=False):
         self.runs, self.device = runs, device
         first = runs[0].cfg
         torch.manual_seed(first.common.seed)  # dropout draws of the group
         self.generator = torch.Generator(device=device).manual_seed(first.common.seed)  # masking draws
         self.stacked = StackedEncoder([run.model for run in runs], device,
-                                      torch.bfloat16 if precision == "bf16" else torch.float32)
+                                      torch.bfloat16 if precision == "bf16" else torch.float32, compile)
         self.data = GroupData(runs, device)
-        self.adam = AdamState(self.stacked.flat, adam_betas(first.optimizer), first.optimizer.adam_eps,
-                              first.optimizer.weight_decay, torch_style=first.optimizer._name == "xmlm_adamw")
+        self.adam = AdamState(self.stacked.flat, self.stacked.flat_grad, adam_betas(first.optimizer),
+                              first.optimizer.adam_eps, first.optimizer.weight_decay,
+                              torch_style=first.optimizer._name == "xmlm_adamw")
         self.updates = 0
         # plain values: an omegaconf lookup costs tens of microseconds, and the step should not wait on the host
         self.dropouts = (first.model.dropout, first.model.attention_dropout, first.model.activation_dropout)
@@ -363,18 +368,15 @@ class PackedGroup:
                                  reduction="none").view(len(self.runs), -1).sum(1)
         counts = target_ids.ne(-100).sum(1)
         (losses / counts.clamp(min=1)).sum().backward()
-        gradients = stacked.gradients()
-        if self.clip_norm > 0:
-            clip_per_run(gradients, self.clip_norm)
+        stacked.gradients(self.clip_norm)  # into flat_grad, the optimizer's
         self.updates += 1
-        self.adam.step(stacked.flat, gradients, learning_rate(self.updates, self.schedule, self.peak_lr))
+        self.adam.step(learning_rate(self.updates, self.schedule, self.peak_lr))
         stacked.zero_grad()
         return losses.detach(), counts, batch
 
     def state_dict(self):
         """Everything a resumed group needs to go on exactly as if never stopped: weights, Adam, random streams."""
-        state = {"flat": self.stacked.flat, "exp_avg": self.adam.exp_avg, "exp_avg_sq": self.adam.exp_avg_sq,
-                 "adam_steps": self.adam.step_count, "updates": self.updates,
+        state = {"flat": self.stacked.flat, **self.adam.state_dict(), "updates": self.updates,
                  "masking_rng": self.generator.get_state(), "dropout_rng": torch.get_rng_state()}
         if self.device.type == "cuda":
             state["dropout_rng_cuda"] = torch.cuda.get_rng_state(self.device)
@@ -383,9 +385,8 @@ class PackedGroup:
     def load_state_dict(self, state):
         self.stacked.flat.copy_(state["flat"])
         self.stacked.refresh()
-        self.adam.exp_avg.copy_(state["exp_avg"])
-        self.adam.exp_avg_sq.copy_(state["exp_avg_sq"])
-        self.adam.step_count, self.updates = state["adam_steps"], state["updates"]
+        self.adam.load_state_dict(state)
+        self.updates = state["updates"]
         self.generator.set_state(state["masking_rng"])
         torch.set_rng_state(state["dropout_rng"])
         if self.device.type == "cuda" and "dropout_rng_cuda" in state:  # absent when suspended on the CPU
@@ -422,7 +423,7 @@ def read_resume(runs):
     return state
 
 
-def train_group(runs, device, precision="bf16", progress=None, stop=None):
+def train_group(runs, device, precision="bf16", progress=None, stop=None, compile=False):
     """Train `runs` (one group_key) together; writes each run's log and checkpoint. Returns timing facts, or None
     when `stop()` turned true before the end: the group then saved its state (`resume_path`) and the next call with
     the same runs goes on from there, with the same result as an uninterrupted run.
@@ -434,7 +435,7 @@ def train_group(runs, device, precision="bf16", progress=None, stop=None):
     resume = read_resume(runs)
     logs = [open(run.log_path + ".partial", "a" if resume else "w") for run in runs]
     try:
-        facts = _train_group(runs, logs, device, precision, progress, stop or (lambda: False), resume)
+        facts = _train_group(runs, logs, device, precision, progress, stop or (lambda: False), resume, compile)
     except BaseException:
         for run, log in zip(runs, logs):
             log.close()
@@ -451,8 +452,8 @@ def train_group(runs, device, precision="bf16", progress=None, stop=None):
     return facts
 
 
-def _train_group(runs, logs, device, precision, progress, stop, resume):
-    group = PackedGroup(runs, device, precision)
+def _train_group(runs, logs, device, precision, progress, stop, resume, compile):
+    group = PackedGroup(runs, device, precision, compile)
     total, per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
     if any((run.total_updates, run.updates_per_epoch) != (total, per_epoch) for run in runs):
         raise XmlmError("runs packed together must have the same number of updates per epoch and in all")
@@ -510,15 +511,21 @@ def _train_group(runs, logs, device, precision, progress, stop, resume):
     return {"runs": len(runs), "updates": group.updates, "seconds": seconds, "tokens": tokens_seen}
 
 
-def grouped(runs, max_group):
-    """The runs split by `group_key`, at most `max_group` to a chunk."""
+def grouped(runs, max_group, max_bytes=None):
+    """The runs split by `group_key`, at most `max_group` to a chunk and, given max_bytes, at most as many as
+    `estimated_gpu_bytes` puts under it (at least one)."""
     groups = {}
     for run in runs:
         groups.setdefault(group_key(run), []).append(run)
-    return [members[i:i + max_group] for members in groups.values() for i in range(0, len(members), max_group)]
+    chunks = []
+    for members in groups.values():
+        size = max_group if max_bytes is None else max(1, min(max_group, int(max_bytes // estimated_gpu_bytes(
+            members[:1]))))
+        chunks += [members[i:i + size] for i in range(0, len(members), size)]
+    return chunks
 
 
-def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None):
+def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None, compile=False):
     """Parse every command, group them, train each group; returns a summary per group, None for a group that
     `stop()` suspended (the groups after it do not start)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -537,7 +544,8 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
             run.build()
         print(f"{label}: training", file=sys.stderr, flush=True)
         facts = train_group(chunk, device, precision,
-                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True), stop=stop)
+                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True), stop=stop,
+                            compile=compile)
         for run in chunk:  # the next group's models take the memory
             run.task = run.model = run.criterion = None
         if facts is None:
@@ -563,30 +571,32 @@ def estimated_gpu_bytes(runs):
     return len(runs) * (20 * weights + 1.25 * activations)
 
 
-def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None):
+def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
-    one group's Python overlaps the others' kernels. Groups start seed by seed, larger models first within a seed;
-    with several GPUs each process runs on one of them, the least loaded. `then` maps a command (tuple of its argv)
+    one group's Python overlaps the others' kernels. A group takes at most 60 % of a GPU's memory budget (by
+    `estimated_gpu_bytes`: two BERT-base runs, or 30 BERT-small ones); larger models start first; with several
+    GPUs each process runs on one of them, the least loaded. `compile` (default: on a GPU) compiles the stacked
+    layers (`StackedEncoder`). `then` maps a command (tuple of its argv)
     to the commands to run once its group has trained (its evaluation), so a sweep cut short keeps every result it
     finished. Writes workdir/commands.<i>.txt, summary.<i>.json and logs/<i>.log; returns the wall time and the
     per-process summaries."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     os.makedirs(workdir, exist_ok=True)
-    chunks = grouped([parse_run(command) for command in commands], max_group)
-    # seed by seed, larger models first within one: a sweep cut short (a lease's end) leaves whole seeds done
-    # rather than every seed's groups half-trained
-    chunks.sort(key=lambda chunk: (chunk[0].cfg.common.seed, -chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
+    capacity = 0.9 * torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    compile = torch.cuda.is_available() if compile is None else compile
+    chunks = grouped([parse_run(command) for command in commands], max_group, capacity and 0.6 * capacity)
+    # the longest groups (larger models, more runs) first, so none is left to run alone at the end
+    chunks.sort(key=lambda chunk: (-chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
     processes, summaries = [], []
     for index, chunk in enumerate(chunks):
         listing, summary = os.path.join(workdir, f"commands.{index}.txt"), os.path.join(workdir, f"summary.{index}.json")
         with open(listing, "w") as f:
             f.writelines(shlex.join(run.argv) + "\n" for run in chunk)
         processes.append([sys.executable, "-m", "fairseq_xmlm.packed_training", listing, "--max-group", str(max_group),
-                          "--precision", precision, "--summary", summary])
+                          "--precision", precision, "--summary", summary] + (["--compile"] if compile else []))
         summaries.append(summary)
     slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
-    capacity = 0.9 * torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     devices = several_gpus()  # each process on one of them, spread by memory
     logs = os.path.join(workdir, "logs")
     print(f"pack: {len(commands)} runs in {len(processes)} groups, at most {slots} processes at a time and as many "
@@ -606,6 +616,7 @@ def main(argv=None):
     parser.add_argument("--max-group", type=int, default=40, help="most runs stacked into one model")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--summary", help="write the per-group timings here (json)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the stacked layers (worth it on a GPU)")
     parser.add_argument("--time-limit", type=float, default=0,
                         help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
     args = parser.parse_args(argv)
@@ -618,7 +629,7 @@ def main(argv=None):
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         summary = train_packed(read_commands(args.commands), args.max_group, args.precision, stop=lambda: bool(
-            signalled or (args.time_limit and time.perf_counter() - started > args.time_limit)))
+            signalled or (args.time_limit and time.perf_counter() - started > args.time_limit)), compile=args.compile)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -39,6 +39,36 @@ def _linear(x, weight, bias):
     return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
 
+def encoder_layer(x, w, keep, heads, activation, dropout, attention_dropout, activation_dropout):
+    """Post-LayerNorm BERT layer of every model; x (N, B, T, D), w the layer's (N, ...) weights by in-layer name,
+    keep (N*B, 1, 1, T) or None. A plain function of tensors, so one torch.compile serves every layer."""
+    n, b, t, d = x.shape
+    h = x.reshape(n, b * t, d)
+    qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
+    q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
+    y = _linear(y.transpose(1, 2).reshape(n, b * t, d), w["attention.out.weight"], w["attention.out.bias"])
+    h = _layer_norm(h + F.dropout(y, dropout), w["attention_norm.weight"], w["attention_norm.bias"])
+    f = F.dropout(activation(_linear(h, w["ffn_in.weight"], w["ffn_in.bias"])), activation_dropout)
+    f = _linear(f, w["ffn_out.weight"], w["ffn_out.bias"])
+    h = _layer_norm(h + F.dropout(f, dropout), w["ffn_norm.weight"], w["ffn_norm.bias"])
+    return h.view(n, b, t, d)
+
+
+def _lookup(tables, ids, models):
+    """Rows `ids` (N, ...) of each model's own table (tables (N, rows, D)): one F.embedding over the tables laid end
+    to end. Its backward sums the rows of repeated ids in parallel, where advanced indexing's (`tables[models, ids]`)
+    serialises them: 5.4 of 57 ms of GPU time in a 30-run BERT-small step (docs/benchmarks.md)."""
+    return F.embedding(ids + models * tables.size(1), tables.reshape(-1, tables.size(-1)))
+
+
+def _aligned(offset, to=64):
+    """Every weight starts, and every model's row of the flat buffers is, a multiple of 64 values long: cuBLAS's fast
+    batched kernels need aligned matrices (unaligned, 2 stacked BERT-base runs spent 4.5x one run's time in matrix
+    products on an H100, docs/benchmarks.md)."""
+    return -(-offset // to) * to
+
+
 class StackedEncoder:
     """`weights[name]` is an (N, *shape) view of the flat compute buffer for each parameter of the N models.
 
@@ -48,7 +78,7 @@ class StackedEncoder:
     fp32's range. With dtype fp32 the forward pass reads the master weights themselves.
     """
 
-    def __init__(self, models, device, dtype=torch.float32):
+    def __init__(self, models, device, dtype=torch.float32, compile=False):
         for model in models:
             check_stackable(model)
         first = models[0]
@@ -63,11 +93,14 @@ class StackedEncoder:
         self.padding_idx = first.padding_idx
         self.lang_pos = first.language_embedding is not None
         avoid_cudnn_attention()
+        # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
+        # memory-bound passes, and a small model launches fewer kernels
+        self.encoder_layer = torch.compile(encoder_layer) if compile else encoder_layer
         self.layout, offset = [], 0  # (name, offset, size, shape)
         for name, shape in shapes.items():
             self.layout.append((name, offset, math.prod(shape), shape))
-            offset += math.prod(shape)
-        self.flat = torch.empty(self.count, offset, device=device)
+            offset = _aligned(offset + math.prod(shape))
+        self.flat = torch.zeros(self.count, offset, device=device)  # the gaps between weights stay zero
         self.flat_grad = torch.zeros_like(self.flat)
         parameters = [dict(model.named_parameters()) for model in models]
         for name, _, _, _ in self.layout:
@@ -98,8 +131,12 @@ class StackedEncoder:
         if self.compute is not self.flat:
             self.compute.copy_(self.flat)
 
-    def gradients(self):
-        """This step's gradients, fp32 (N, P)."""
+    def gradients(self, clip_norm=0.0):
+        """This step's gradients, fp32 (N, P); with clip_norm > 0 each model's are scaled to at most that norm
+        (fairseq's --clip-norm, each run on its own), in the same pass that widens bf16 gradients to fp32."""
+        if clip_norm > 0:
+            norms = torch.linalg.vector_norm(self.compute_grad, dim=1, keepdim=True, dtype=torch.float32)
+            return torch.mul(self.compute_grad, (clip_norm / (norms + 1e-6)).clamp(max=1.0), out=self.flat_grad)
         if self.compute_grad is not self.flat_grad:
             self.flat_grad.copy_(self.compute_grad)
         return self.flat_grad
@@ -115,7 +152,7 @@ class StackedEncoder:
         """tokens (N, B, T), langs (N, B) -> (N, B, T, D) after the embedding LayerNorm."""
         w = self.weights
         models = torch.arange(self.count, device=tokens.device).view(-1, 1, 1)
-        x = w["token_embeddings.0.weight"][models, tokens]
+        x = _lookup(w["token_embeddings.0.weight"], tokens, models)
         # nn.Embedding(padding_idx) gives the pad row no gradient from lookups (the tied output layer still does)
         x = torch.where(tokens.eq(self.padding_idx).unsqueeze(-1), x.detach(), x)
         length = tokens.size(2)
@@ -123,23 +160,8 @@ class StackedEncoder:
         if self.lang_pos:
             fake = langs.eq(1)[:, :, None, None]
             positions = torch.where(fake, w["position_embeddings.1.weight"][:, None, :length], positions)
-            x = x + w["language_embedding.weight"][models.view(-1, 1), langs].unsqueeze(2)
+            x = x + _lookup(w["language_embedding.weight"], langs, models.view(-1, 1)).unsqueeze(2)
         return _layer_norm(x + positions, w["embedding_norm.weight"], w["embedding_norm.bias"])
-
-    def layer(self, i, x, keep, dropout, attention_dropout, activation_dropout):
-        """Post-LayerNorm BERT layer i of every model; x (N, B, T, D), keep (N*B, 1, 1, T) or None."""
-        w = self.layer_weights[i]
-        n, b, t, d = x.shape
-        h = x.reshape(n, b * t, d)
-        qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
-        q, k, v = qkv.view(n * b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
-        y = _linear(y.transpose(1, 2).reshape(n, b * t, d), w["attention.out.weight"], w["attention.out.bias"])
-        h = _layer_norm(h + F.dropout(y, dropout), w["attention_norm.weight"], w["attention_norm.bias"])
-        f = F.dropout(self.activation(_linear(h, w["ffn_in.weight"], w["ffn_in.bias"])), activation_dropout)
-        f = _linear(f, w["ffn_out.weight"], w["ffn_out.bias"])
-        h = _layer_norm(h + F.dropout(f, dropout), w["ffn_norm.weight"], w["ffn_norm.bias"])
-        return h.view(n, b, t, d)
 
     def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                       has_padding=True):
@@ -152,7 +174,8 @@ class StackedEncoder:
         keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t) if has_padding else None
         x = F.dropout(self.embed(tokens, langs), dropout)
         for i in range(self.num_layers):
-            x = self.layer(i, x, keep, dropout, attention_dropout, activation_dropout)
+            x = self.encoder_layer(x, self.layer_weights[i], keep, self.heads, self.activation, dropout,
+                                   attention_dropout, activation_dropout)
         features = x.reshape(n, b * t, -1).gather(1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
         w = self.weights
         h = F.gelu(_linear(features, w["lm_dense.weight"], w["lm_dense.bias"]))  # the LM head is GELU always

@@ -105,13 +105,40 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
 
 
 def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
+    """Seeds stack together (each run on its own batches); a lang-pos run has other weights: a group of its own."""
     commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (2, 1)]
+    commands.append(command(fake_english_data, tmp_path, "lp", 1, "--lang-pos", "--max-update", "5"))
     result = packed_training.train_side_by_side(commands, tmp_path / "pack")  # bf16, as on the GPU
-    assert "--seed 1 " in (tmp_path / "pack" / "commands.0.txt").read_text()  # seed by seed
-    assert [[g["runs"] for g in p["groups"]] for p in result["processes"]] == [[1], [1]]
+    assert sorted([g["runs"] for g in p["groups"]] for p in result["processes"]) == [[1], [2]]
     assert sorted(p.name for p in (tmp_path / "pack" / "logs").iterdir()) == ["0.log", "1.log"]
-    for seed in (1, 2):
-        assert read_fairseq_log(tmp_path / f"s{seed}" / "train.log", "train")[-1]["train_num_updates"] == 5
+    for name in ("s1", "s2", "lp"):
+        assert read_fairseq_log(tmp_path / name / "train.log", "train")[-1]["train_num_updates"] == 5
+
+
+def test_groups_are_cut_to_the_memory_budget(fake_english_data, tmp_path):
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"s{seed}", seed)) for seed in (1, 2, 3)]
+    one = packed_training.estimated_gpu_bytes(runs[:1])
+    assert [len(c) for c in packed_training.grouped(runs, 40)] == [3]
+    assert [len(c) for c in packed_training.grouped(runs, 2)] == [2, 1]
+    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=2.5 * one)] == [2, 1]
+    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=0.5 * one)] == [1, 1, 1]
+
+
+def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, tmp_path):
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s)).build() for s in (1, 2)]
+    cpu = torch.device("cpu")
+    eager, compiled = (StackedEncoder([run.model for run in runs], cpu, compile=flag) for flag in (False, True))
+    group = packed_training.GroupData(runs, cpu)
+    schedules = [packed_training.epoch_batches(run, 1) for run in runs]
+    for step in range(3):  # new lengths: compiled once for the first, once with a dynamic length after
+        inputs, langs, positions, _, has_padding, _ = group.batch([s[step] for s in schedules],
+                                                                   torch.Generator().manual_seed(step))
+        for stacked in (eager, compiled):
+            stacked.zero_grad()
+            stacked.masked_logits(inputs, langs, positions, has_padding=has_padding).square().mean().backward()
+        assert torch.allclose(compiled.masked_logits(inputs, langs, positions, has_padding=has_padding),
+                              eager.masked_logits(inputs, langs, positions, has_padding=has_padding), atol=1e-5)
+        assert torch.allclose(compiled.gradients(), eager.gradients(), atol=1e-6)
 
 
 def test_bad_commands(fake_english_data, tmp_path, capsys):

@@ -190,7 +190,7 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args
     run(evaluate_command(run_id, run_dir, data, preset), dry_run)
 
 
-def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run):
+def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run, compile=None):
     """--gpu-pack: the runs trained before but not evaluated are evaluated, the untrained checkpoints are made, and
     every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group), all side
     by side and spread over the GPUs when there are several. Each run is evaluated as soon as its checkpoint
@@ -226,7 +226,7 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
     if commands:
         from fairseq_xmlm.packed_training import train_side_by_side
 
-        train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then)
+        train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then, compile=compile)
     stages["training_and_evaluation_s"] = time.perf_counter() - started - stages["untrained_and_ready_s"]
     stages.update(runs=len(pending), trained_runs=len(commands), device=_device_name(),
                   date=time.strftime("%Y-%m-%d %H:%M"))
@@ -307,6 +307,8 @@ def main(argv=None):
     parser.add_argument("--pack-slots", type=int, default=0,
                         help="--gpu-pack: processes (groups, evaluations, untrained runs) at a time (0: CPU cores / 2)")
     parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
+    parser.add_argument("--pack-eager", action="store_true",
+                        help="--gpu-pack: no torch.compile of the stacked models (compiled by default)")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
@@ -336,7 +338,8 @@ def main(argv=None):
         pending = [(run_id, seed) for run_id in ids for seed in seeds
                    if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
         slots = args.pack_slots or max(1, (os.cpu_count() or 2) // 2)
-        run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, args.pack_max_group, args.dry_run)
+        run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, args.pack_max_group, args.dry_run,
+                       False if args.pack_eager else None)
     else:
         for run_id in ids:
             for seed in seeds:

@@ -1,0 +1,126 @@
+"""Where one packed-training step (fairseq_xmlm.packed_training) of Dufter's runs spends its time on the GPU.
+
+    python3 benchmarks/pack_profile.py --groups 15 16,17 0,2,4,7,3,30 --variants eager,compile --out OUT/pack_prof
+
+Each group is a list of run IDs of `examples/dufter/run.py full`, for the first --seeds of its seeds, all stacked
+into one model (each run on its own seed's batches, as packed_training does). For every group and variant (eager;
+compile = the stacked layers under torch.compile) in this process, one after another: --warmup steps (more than
+an epoch's 69 batches, so every batch shape has been compiled; the time is printed), --steps timed steps
+(synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under torch.profiler: kernel time
+per step by kind of kernel and the GPU's idle time (waiting on the host). Real batches of epoch 1, in fairseq's order.
+Writes OUT/pack_profile.json. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier commit, to
+compare in the same call). Not a test.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--groups", nargs="+", default=["15", "16,17", "0,2,4,7,3,30"])
+    parser.add_argument("--variants", default="eager,compile")
+    parser.add_argument("--data", default=str(HERE.parent / "data-bin" / "fake_english"))
+    parser.add_argument("--knn-table", default=str(HERE.parent / "results" / "dufter" / "knn_table.pt"))
+    parser.add_argument("--seeds", type=int, default=1, help="stack the runs of the recipe's first SEEDS seeds")
+    parser.add_argument("--warmup", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--plugin", help="a fairseq_xmlm folder to use instead of this checkout's")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.plugin:
+        sys.path.insert(0, str(Path(args.plugin).resolve().parent))
+    sys.path.insert(1, str(HERE))
+    import torch
+
+    import pack_speed
+    import profile_step
+    from fairseq_xmlm import packed_training
+
+    out = Path(args.out)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results = []
+    for ids in args.groups:
+        commands = pack_speed.recipe_commands(ids.split(","), args.seeds, Path(args.data), out / "runs", 10 ** 6,
+                                              args.knn_table)
+        if args.plugin:
+            commands = [[str(Path(args.plugin).resolve()) if word.endswith("fairseq_xmlm") else word for word in c]
+                        for c in commands]
+        runs = [packed_training.parse_run(c).build() for c in commands]
+        schedules = [packed_training.epoch_batches(run, 1) for run in runs]
+        for variant in args.variants.split(","):
+            options = {}
+            if variant == "compile":
+                torch._dynamo.reset()  # the compiled layer is one function: start its cache afresh for this group
+                options["compile"] = True
+            group = packed_training.PackedGroup(runs, device, **options)
+            steps = iter(range(10 ** 9))
+
+            def step():
+                at = next(steps) % len(schedules[0])
+                return group.step([schedule[at] for schedule in schedules])[2][-1]
+
+            def synchronise():
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+
+            started = time.perf_counter()
+            for _ in range(args.warmup):
+                step()
+            synchronise()
+            warmup_s = time.perf_counter() - started
+            started, tokens = time.perf_counter(), 0
+            for _ in range(args.steps):
+                tokens += step()
+            synchronise()
+            wall = time.perf_counter() - started
+            activities = [torch.profiler.ProfilerActivity.CPU] + (
+                [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with torch.profiler.profile(activities=activities) as profiler:
+                profiled_start = time.perf_counter()
+                for _ in range(args.profile_steps):
+                    step()
+                synchronise()
+                profiled_wall = time.perf_counter() - profiled_start
+            events = profiler.events()
+            kinds, kernels = {}, profile_step.kernel_times(events)
+            for name, us in kernels.items():
+                kind = profile_step.kernel_kind(name)
+                kinds[kind] = kinds.get(kind, 0.0) + us / 1e3 / args.profile_steps
+            busy_ms = profile_step.stream_times(events)[0] / 1e3 / args.profile_steps
+            result = {
+                "runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant, "stacked": len(runs),
+                "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
+                "warmup_s": round(warmup_s, 1), "ms_per_step": round(1e3 * wall / args.steps, 2),
+                "run_updates_per_s": round(len(runs) * args.steps / wall, 1),
+                "tokens_per_s": round(len(runs) * tokens / wall),
+                "profiled_ms_per_step": round(1e3 * profiled_wall / args.profile_steps, 2),
+                "kernel_ms_per_step": round(busy_ms, 2),
+                "kernel_ms_per_step_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+                "top_kernels_ms_per_step": {k[:120]: round(v / 1e3 / args.profile_steps, 3)
+                                            for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:25]},
+                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+            results.append(result)
+            print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {len(runs)} stacked) {variant}: "
+                  f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, "
+                  f"{result['tokens_per_s']} tokens/s; warm-up {warmup_s:.1f}s; profiled {result['profiled_ms_per_step']}"
+                  f" ms/step of which kernels {busy_ms:.2f} ms", flush=True)
+            for kind, ms in result["kernel_ms_per_step_by_kind"].items():
+                print(f"[pack_profile]   {ms:7.2f} ms  {kind}", flush=True)
+            for name, ms in list(result["top_kernels_ms_per_step"].items())[:8]:
+                print(f"[pack_profile]     {ms:7.3f} ms  {name[:100]}", flush=True)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "pack_profile.json").write_text(json.dumps({"results": results, "argv": sys.argv[1:]}, indent=1))
+            del group
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
