@@ -8,7 +8,7 @@ compile = the stacked layers under torch.compile) in this process, one after ano
 an epoch's 69 batches, so every batch shape has been compiled; the time is printed), --steps timed steps
 (synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under torch.profiler: kernel time
 per step by kind of kernel and the GPU's idle time (waiting on the host). Real batches of epoch 1, in fairseq's order.
-Writes OUT/pack_profile.json. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier commit, to
+Writes OUT/pack_profile.json and, per group and variant, the profiler's operator table by host time. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier commit, to
 compare in the same call). Not a test.
 """
 import argparse
@@ -107,6 +107,10 @@ def main():
                                             for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:25]},
                 "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
             results.append(result)
+            out.mkdir(parents=True, exist_ok=True)
+            # the host's side: where a step that is not GPU-bound spends its time
+            (out / f"{ids.replace(',', '-')}_{len(runs)}_{variant}.txt").write_text(
+                profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
             print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {len(runs)} stacked) {variant}: "
                   f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, "
                   f"{result['tokens_per_s']} tokens/s; warm-up {warmup_s:.1f}s; profiled {result['profiled_ms_per_step']}"
@@ -115,7 +119,6 @@ def main():
                 print(f"[pack_profile]   {ms:7.2f} ms  {kind}", flush=True)
             for name, ms in list(result["top_kernels_ms_per_step"].items())[:8]:
                 print(f"[pack_profile]     {ms:7.3f} ms  {name[:100]}", flush=True)
-            out.mkdir(parents=True, exist_ok=True)
             (out / "pack_profile.json").write_text(json.dumps({"results": results, "argv": sys.argv[1:]}, indent=1))
             del group
             if device.type == "cuda":

@@ -80,6 +80,26 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
             assert torch.allclose(packed[name], value.detach(), atol=2e-6), name
 
 
+def test_adam_state_steps_like_torch_adamw_for_xmlm_adamw():
+    """The fused step with torch's formula (xmlm_adamw) = torch.optim.AdamW's loop; fairseq's formula is checked
+    against fairseq's Trainer above."""
+    torch.manual_seed(0)
+    weights = torch.randn(3, 50)
+    reference = weights.clone().requires_grad_()
+    flat, grads = weights.clone(), torch.zeros(3, 50)
+    adam = packed_training.AdamState(flat, grads, (0.9, 0.98), 1e-6, 0.01, torch_style=True)
+    torch_adamw = torch.optim.AdamW([reference], lr=1.0, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01,
+                                    foreach=False)
+    for lr in (1e-3, 5e-4, 2e-3):
+        gradient = torch.randn(3, 50) * 1e-6  # as small as eps, so where eps goes shows
+        grads.copy_(gradient)
+        adam.step(lr)
+        reference.grad = gradient.clone()
+        torch_adamw.param_groups[0]["lr"] = lr
+        torch_adamw.step()
+    assert adam.step_count == 3 and torch.allclose(flat, reference.detach(), atol=1e-7)
+
+
 def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
     commands = [command(fake_english_data, tmp_path, name, seed, *flags, "--max-update", "25")
                 for name, seed, flags in (("a", 1, ()), ("b", 1, ("--shift-special",)), ("c", 1, ("--lang-pos",)))]
