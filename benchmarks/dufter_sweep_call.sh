@@ -7,17 +7,19 @@
 #   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"], plus
 #   "results/dufter/runs" on the first call only (a later carry would replace the machine's newer results);
 #   command: bash benchmarks/dufter_sweep_call.sh    (SEEDS=5, SWEEP_SECONDS=540, PACK_SLOTS=0 = CPU cores / 2 by
-#   default; on 4 GPUs PACK_SLOTS=16 keeps 4 processes a GPU, so groups finish seed by seed)
+#   default; RESULTS=results/dufter: another folder keeps a timing sweep apart from the README's results, and its
+#   knn_table.pt is carried instead)
 set -u
 start=$SECONDS
 source .whl/install_on_device.sh || exit 1
-mkdir -p results/dufter
-log=results/dufter/recipe.$(date +%Y%m%d-%H%M%S).log
+results=${RESULTS:-results/dufter}
+mkdir -p "$results"
+log=$results/recipe.$(date +%Y%m%d-%H%M%S).log
 left=$(( ${SWEEP_SECONDS:-540} - (SECONDS - start) ))
 timeout -s TERM "$left" python3 examples/dufter/run.py full --seeds "${SEEDS:-5}" --gpu-pack \
-    --pack-slots "${PACK_SLOTS:-0}" > "$log" 2>&1
+    --pack-slots "${PACK_SLOTS:-0}" --results "$results" > "$log" 2>&1
 status=$?
 grep -v DEBUG "$log" | tail -15
-python3 examples/dufter/run.py full --seeds "${SEEDS:-5}" --status 2>/dev/null
+python3 examples/dufter/run.py full --seeds "${SEEDS:-5}" --results "$results" --status 2>/dev/null
 if [ "$status" -eq 0 ]; then echo "sweep: complete"; else echo "sweep: not finished (exit $status); call again"; fi
-tar czf "$OUT/dufter.tgz" --exclude='*.pt' results/dufter
+tar czf "$OUT/dufter.tgz" --exclude='*.pt' "$results"
