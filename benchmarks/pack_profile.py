@@ -7,18 +7,81 @@ into one model (each run on its own seed's batches, as packed_training does). Fo
 compile = the stacked layers under torch.compile) in this process, one after another: --warmup steps (more than
 an epoch's 69 batches, so every batch shape has been compiled; the time is printed), --steps timed steps
 (synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under torch.profiler: kernel time
-per step by kind of kernel and the GPU's idle time (waiting on the host). Real batches of epoch 1, in fairseq's order.
-Writes OUT/pack_profile.json and, per group and variant, the profiler's operator table by host time. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier commit, to
-compare in the same call). Not a test.
+per step, by kind of kernel and by kernel, against the profiled wall (the rest is the GPU waiting on the host).
+Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the
+profiler's operator table by host time. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier
+commit, to compare in the same call). Not a test.
 """
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 HERE = Path(__file__).resolve().parent
+
+
+def synchronise(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def profile_group(group, schedules, args, device):
+    """Warm-up, timed and profiled steps of one PackedGroup -> (result dict, profiler)."""
+    import profile_step
+
+    steps = iter(range(10 ** 9))
+
+    def step():  # every run on its own seed's batch; returns the step's tokens
+        at = next(steps) % len(schedules[0])
+        return group.step([schedule[at] for schedule in schedules])[2][-1]
+
+    started = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    synchronise(device)
+    warmup_s = time.perf_counter() - started
+    started, tokens = time.perf_counter(), 0
+    for _ in range(args.steps):
+        tokens += step()
+    synchronise(device)
+    wall = time.perf_counter() - started
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as profiler:
+        started = time.perf_counter()
+        for _ in range(args.profile_steps):
+            step()
+        synchronise(device)
+        profiled_wall = time.perf_counter() - started
+    events = profiler.events()
+    kinds, kernels = {}, profile_step.kernel_times(events)
+    for name, us in kernels.items():
+        kind = profile_step.kernel_kind(name)
+        kinds[kind] = kinds.get(kind, 0.0) + us / 1e3 / args.profile_steps
+    n = len(schedules)
+    result = {
+        "stacked": n, "warmup_s": round(warmup_s, 1), "ms_per_step": round(1e3 * wall / args.steps, 2),
+        "run_updates_per_s": round(n * args.steps / wall, 1), "tokens_per_s": round(n * tokens / wall),
+        "profiled_ms_per_step": round(1e3 * profiled_wall / args.profile_steps, 2),
+        "kernel_ms_per_step": round(profile_step.stream_times(events)[0] / 1e3 / args.profile_steps, 2),
+        "kernel_ms_per_step_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms_per_step": {k[:120]: round(v / 1e3 / args.profile_steps, 3)
+                                    for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:25]}}
+    return result, profiler
+
+
+def report(result, ids, variant):
+    print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {result['stacked']} stacked) {variant}: "
+          f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, {result['tokens_per_s']} "
+          f"tokens/s; warm-up {result['warmup_s']}s; profiled {result['profiled_ms_per_step']} ms/step of which "
+          f"kernels {result['kernel_ms_per_step']} ms", flush=True)
+    for kind, ms in result["kernel_ms_per_step_by_kind"].items():
+        print(f"[pack_profile]   {ms:7.2f} ms  {kind}", flush=True)
+    for name, ms in list(result["top_kernels_ms_per_step"].items())[:8]:
+        print(f"[pack_profile]     {ms:7.3f} ms  {name[:100]}", flush=True)
 
 
 def main():
@@ -37,13 +100,11 @@ def main():
     if args.plugin:
         sys.path.insert(0, str(Path(args.plugin).resolve().parent))
     sys.path.insert(1, str(HERE))
-    import torch
-
     import pack_speed
-    import profile_step
     from fairseq_xmlm import packed_training
 
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
     for ids in args.groups:
@@ -60,65 +121,15 @@ def main():
                 torch._dynamo.reset()  # the compiled layer is one function: start its cache afresh for this group
                 options["compile"] = True
             group = packed_training.PackedGroup(runs, device, **options)
-            steps = iter(range(10 ** 9))
-
-            def step():
-                at = next(steps) % len(schedules[0])
-                return group.step([schedule[at] for schedule in schedules])[2][-1]
-
-            def synchronise():
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-
-            started = time.perf_counter()
-            for _ in range(args.warmup):
-                step()
-            synchronise()
-            warmup_s = time.perf_counter() - started
-            started, tokens = time.perf_counter(), 0
-            for _ in range(args.steps):
-                tokens += step()
-            synchronise()
-            wall = time.perf_counter() - started
-            activities = [torch.profiler.ProfilerActivity.CPU] + (
-                [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
-            with torch.profiler.profile(activities=activities) as profiler:
-                profiled_start = time.perf_counter()
-                for _ in range(args.profile_steps):
-                    step()
-                synchronise()
-                profiled_wall = time.perf_counter() - profiled_start
-            events = profiler.events()
-            kinds, kernels = {}, profile_step.kernel_times(events)
-            for name, us in kernels.items():
-                kind = profile_step.kernel_kind(name)
-                kinds[kind] = kinds.get(kind, 0.0) + us / 1e3 / args.profile_steps
-            busy_ms = profile_step.stream_times(events)[0] / 1e3 / args.profile_steps
-            result = {
-                "runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant, "stacked": len(runs),
-                "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
-                "warmup_s": round(warmup_s, 1), "ms_per_step": round(1e3 * wall / args.steps, 2),
-                "run_updates_per_s": round(len(runs) * args.steps / wall, 1),
-                "tokens_per_s": round(len(runs) * tokens / wall),
-                "profiled_ms_per_step": round(1e3 * profiled_wall / args.profile_steps, 2),
-                "kernel_ms_per_step": round(busy_ms, 2),
-                "kernel_ms_per_step_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-                "top_kernels_ms_per_step": {k[:120]: round(v / 1e3 / args.profile_steps, 3)
-                                            for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:25]},
-                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+            result, profiler = profile_group(group, schedules, args, device)
+            result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
+                      "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
+                      **result, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
             results.append(result)
-            out.mkdir(parents=True, exist_ok=True)
+            report(result, ids, variant)
             # the host's side: where a step that is not GPU-bound spends its time
             (out / f"{ids.replace(',', '-')}_{len(runs)}_{variant}.txt").write_text(
                 profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
-            print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {len(runs)} stacked) {variant}: "
-                  f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, "
-                  f"{result['tokens_per_s']} tokens/s; warm-up {warmup_s:.1f}s; profiled {result['profiled_ms_per_step']}"
-                  f" ms/step of which kernels {busy_ms:.2f} ms", flush=True)
-            for kind, ms in result["kernel_ms_per_step_by_kind"].items():
-                print(f"[pack_profile]   {ms:7.2f} ms  {kind}", flush=True)
-            for name, ms in list(result["top_kernels_ms_per_step"].items())[:8]:
-                print(f"[pack_profile]     {ms:7.3f} ms  {name[:100]}", flush=True)
             (out / "pack_profile.json").write_text(json.dumps({"results": results, "argv": sys.argv[1:]}, indent=1))
             del group
             if device.type == "cuda":
