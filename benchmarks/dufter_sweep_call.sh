@@ -2,13 +2,14 @@
 # One device call of the Dufter Tables 1 + 2 sweep (examples/dufter/run.py full --gpu-pack), as in
 # docs/benchmarks.md. Repeat the call until it prints "sweep: complete": each call stops the recipe before the
 # call's 10-minute limit (SIGTERM: packed groups save their state and the next call resumes them; every run is
-# evaluated as soon as its group has trained) and sends results/dufter back without checkpoints as $OUT/dufter.tgz.
+# evaluated as soon as its group has trained) and sends the results folder back without checkpoints as
+# $OUT/dufter.tgz.
 #
-#   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"], plus
-#   "results/dufter/runs" on the first call only (a later carry would replace the machine's newer results);
+#   device tool: carry [".whl", "data-bin/fake_english", "$RESULTS/knn_table.pt"], plus "$RESULTS/runs" on the
+#   first call only (a later carry would replace the machine's newer results);
 #   command: bash benchmarks/dufter_sweep_call.sh    (SEEDS=5, SWEEP_SECONDS=540, PACK_SLOTS=0 = CPU cores / 2 by
 #   default; RESULTS=results/dufter: another folder keeps a timing sweep apart from the README's results, and its
-#   knn_table.pt is carried instead)
+#   own knn_table.pt is carried)
 set -u
 start=$SECONDS
 source .whl/install_on_device.sh || exit 1

@@ -53,9 +53,8 @@ def main():
 
     from fairseq_xmlm.packed_training import train_side_by_side
 
-    commands = recipe_commands(args.ids.split(","), args.seeds, Path(args.data), Path(args.out), args.updates,
-                               args.knn_table)
     out = Path(args.out)
+    commands = recipe_commands(args.ids.split(","), args.seeds, Path(args.data), out, args.updates, args.knn_table)
     result = train_side_by_side(commands, out / "pack", args.max_group)
     import torch
 
