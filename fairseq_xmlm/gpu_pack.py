@@ -30,7 +30,8 @@ def default_slots(workers_per_run):
     return max(1, (os.cpu_count() or 1) // (1 + workers_per_run))
 
 
-def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None, then=None):
+def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None, then=None,
+               exclusive=None):
     """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
 
     `then[i]` (optional) lists commands to run as soon as command i has succeeded (an evaluation of what it
@@ -39,6 +40,8 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     With `costs` (one number per command, e.g. its estimated GPU memory) and `capacity`, a run starts only while
     the costs of the running ones plus its own fit in `capacity` (a run alone always starts); commands start in
     their order, a later one that fits going ahead of an earlier one that does not.
+    With `exclusive` (one bool per command), an exclusive command never shares a GPU with another exclusive one: it
+    is for runs that keep a GPU busy on their own, which side by side only take turns.
     With `devices` (GPU indices) each run sees one GPU (CUDA_VISIBLE_DEVICES), the least loaded one it fits on, and
     `capacity` holds per GPU; without, every run sees the GPUs of the environment.
     Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended. On SIGTERM it
@@ -50,6 +53,7 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     os.makedirs(log_dir, exist_ok=True)
     commands = list(commands)
     costs = list(costs or [0] * len(commands))
+    exclusive = list(exclusive or [False] * len(commands))
     then = then or [[]] * len(commands)
     pending = list(range(len(commands)))
     running = {}  # index -> (process, log file, start time, device)
@@ -63,7 +67,7 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     try:
         while (pending or running) and not terminated:
             while pending and len(running) < slots:
-                placement = _place(pending, running, costs, capacity, devices or [None])
+                placement = _place(pending, running, costs, capacity, devices or [None], exclusive)
                 if placement is None:
                     break
                 index, device = placement
@@ -89,6 +93,7 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
                     follow = list(range(len(commands), len(commands) + len(then[index])))
                     commands += then[index]
                     costs += [0] * len(follow)
+                    exclusive += [False] * len(follow)
                     pending[:0] = follow
             time.sleep(poll_s)
         for process, _, _, _ in running.values():  # only after SIGTERM: pass it on, let them save their state
@@ -116,13 +121,16 @@ def several_gpus():
     return list(range(count)) if count > 1 else None
 
 
-def _place(pending, running, costs, capacity, devices):
+def _place(pending, running, costs, capacity, devices, exclusive):
     """(the first pending command that fits somewhere, the least loaded device it fits on), or None."""
     load = {device: sum(costs[i] for i, entry in running.items() if entry[3] == device) for device in devices}
     count = {device: sum(entry[3] == device for entry in running.values()) for device in devices}
+    taken = {entry[3] for i, entry in running.items() if exclusive[i]}
     busy = {device for device in devices if count[device]}
     for index in pending:
         for device in sorted(devices, key=lambda d: (load[d], count[d])):
+            if exclusive[index] and device in taken:
+                continue
             if device not in busy or capacity is None or load[device] + costs[index] <= capacity:
                 return index, device
     return None

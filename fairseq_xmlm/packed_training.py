@@ -178,38 +178,58 @@ def learning_rate(update, sched, peak):
     return (peak - sched.end_learning_rate) * remaining ** sched.power + sched.end_learning_rate
 
 
-class AdamState:
-    """Adam over the flat (N, P) master weights, one fused kernel per step (torch's AdamW, fused=True). For fairseq's
-    `adam`, which adds eps before the bias correction, that is torch's update with eps / sqrt(1 - beta2^t), given at
-    each step; `xmlm_adamw` is torch's own."""
+def adam_update(flat, grad, exp_avg, exp_avg_sq, compute, hyper, beta1, beta2, weight_decay, clip_norm):
+    """One AdamW step of every run, in place, in one pass over the (N, P) buffers: each run's gradients (any dtype)
+    clipped to `clip_norm` (> 0; fairseq's --clip-norm, each run on its own), the moments, decoupled weight decay,
+    the step, the low-precision copy `compute` (None in fp32) and the gradients zeroed for the next backward.
+    hyper = (lr, eps, 1 - beta1^t, sqrt(1 - beta2^t)) as a tensor, so that compiled it serves every step."""
+    g = grad.float()
+    if clip_norm > 0:
+        g = g * (clip_norm / (torch.linalg.vector_norm(g, dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
+    lr, eps, bias_correction1, bias_correction2_sqrt = hyper.unbind()
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    flat.mul_(1 - lr * weight_decay)
+    flat.sub_(lr / bias_correction1 * exp_avg / (exp_avg_sq.sqrt() / bias_correction2_sqrt + eps))
+    if compute is not None:
+        compute.copy_(flat)
+    grad.zero_()
 
-    def __init__(self, flat, grads, betas, eps, weight_decay, torch_style):
-        flat.grad = grads
-        self.optimizer = torch.optim.AdamW([flat], lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay,
-                                           fused=True)
-        # the state made here rather than at the first step, so a resumed group can fill it in
-        self.state = self.optimizer.state[flat]
-        self.state.update(step=torch.zeros((), device=flat.device), exp_avg=torch.zeros_like(flat),
-                          exp_avg_sq=torch.zeros_like(flat))
-        self.beta2, self.eps, self.torch_style = betas[1], eps, torch_style
+
+class AdamState:
+    """Adam over the flat (N, P) master weights `flat`, whose gradients backward leaves in `grad`: torch's AdamW
+    formula, one `adam_update` per step, compiled into a reduction and one elementwise kernel with `compile`. Where a
+    fused torch AdamW needs the gradients widened to fp32 first and the bf16 copy refreshed after, this reads and
+    writes each buffer once. For fairseq's `adam`, which adds eps before the bias correction, that is the same update
+    with eps / sqrt(1 - beta2^t), given at each step; `xmlm_adamw` is torch's own."""
+
+    def __init__(self, flat, grad, betas, eps, weight_decay, torch_style, clip_norm=0.0, compute=None,
+                 compile=False):
+        self.flat, self.grad, self.compute = flat, grad, (None if compute is flat else compute)
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(flat), torch.zeros_like(flat)
+        self.betas, self.eps, self.weight_decay, self.torch_style = betas, eps, weight_decay, torch_style
+        self.clip_norm = clip_norm
+        self.update = torch.compile(adam_update) if compile else adam_update
         self.step_count = 0
 
     def step(self, lr):
         self.step_count += 1
-        group = self.optimizer.param_groups[0]
-        group["lr"] = lr
-        group["eps"] = self.eps if self.torch_style else self.eps / math.sqrt(1 - self.beta2 ** self.step_count)
-        self.optimizer.step()
+        beta1, beta2 = self.betas
+        bias_correction2_sqrt = math.sqrt(1 - beta2 ** self.step_count)
+        eps = self.eps if self.torch_style else self.eps / bias_correction2_sqrt
+        hyper = torch.tensor([lr, eps, 1 - beta1 ** self.step_count, bias_correction2_sqrt])
+        if self.flat.is_cuda:  # pinned: the copy queues behind the GPU's work instead of waiting for it
+            hyper = hyper.pin_memory()
+        self.update(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, self.compute,
+                    hyper.to(self.flat.device, non_blocking=True), beta1, beta2, self.weight_decay, self.clip_norm)
 
     def state_dict(self):
-        state = self.state
-        return {"exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"], "adam_steps": self.step_count}
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "adam_steps": self.step_count}
 
     def load_state_dict(self, state):
-        self.state["exp_avg"].copy_(state["exp_avg"])
-        self.state["exp_avg_sq"].copy_(state["exp_avg_sq"])
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.step_count = state["adam_steps"]
-        self.state["step"].fill_(self.step_count)
 
 
 def max_targets(sizes, mask_prob):
@@ -344,13 +364,14 @@ class PackedGroup:
         self.stacked = StackedEncoder([run.model for run in runs], device,
                                       torch.bfloat16 if precision == "bf16" else torch.float32, compile)
         self.data = GroupData(runs, device)
-        self.adam = AdamState(self.stacked.flat, self.stacked.flat_grad, adam_betas(first.optimizer),
+        self.adam = AdamState(self.stacked.flat, self.stacked.compute_grad, adam_betas(first.optimizer),
                               first.optimizer.adam_eps, first.optimizer.weight_decay,
-                              torch_style=first.optimizer._name == "xmlm_adamw")
+                              torch_style=first.optimizer._name == "xmlm_adamw",
+                              clip_norm=first.optimization.clip_norm, compute=self.stacked.compute, compile=compile)
         self.updates = 0
         # plain values: an omegaconf lookup costs tens of microseconds, and the step should not wait on the host
         self.dropouts = (first.model.dropout, first.model.attention_dropout, first.model.activation_dropout)
-        self.clip_norm, self.peak_lr = first.optimization.clip_norm, first.optimization.lr[0]
+        self.peak_lr = first.optimization.lr[0]
         schedule = first.lr_scheduler
         self.schedule = argparse.Namespace(warmup_updates=schedule.warmup_updates,
                                            total_num_update=schedule.total_num_update,
@@ -363,16 +384,13 @@ class PackedGroup:
         stacked = self.stacked
         batch = self.data.batch(indices, self.generator)
         inputs, langs, positions, target_ids, has_padding, _ = batch
-        stacked.refresh()
         logits = stacked.masked_logits(inputs, langs, positions, *self.dropouts, has_padding=has_padding)
         losses = F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100,
                                  reduction="none").view(len(self.runs), -1).sum(1)
         counts = target_ids.ne(-100).sum(1)
         (losses / counts.clamp(min=1)).sum().backward()
-        stacked.gradients(self.clip_norm)  # into flat_grad, the optimizer's
         self.updates += 1
-        self.adam.step(learning_rate(self.updates, self.schedule, self.peak_lr))
-        stacked.zero_grad()
+        self.adam.step(learning_rate(self.updates, self.schedule, self.peak_lr))  # also zeroes the gradients
         return losses.detach(), counts, batch
 
     def state_dict(self):
@@ -566,17 +584,31 @@ def estimated_gpu_bytes(runs):
     with 25 % slack. A BERT-base run comes to about 18 GB, a BERT-small one to about 1.4 GB."""
     m, c = runs[0].cfg.model, runs[0].cfg
     d, f, layers = m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_layers
-    weights = layers * (4 * d * d + 2 * d * f) + 20_000 * d  # layers + embeddings of a Bible-sized vocabulary
     tokens = c.dataset.batch_size * c.task.tokens_per_sample
     activations = layers * tokens * (10 * d + 3 * f) * 2
-    return len(runs) * (20 * weights + 1.25 * activations)
+    return len(runs) * (20 * weight_count(runs[0]) + 1.25 * activations)
+
+
+def weight_count(run):
+    """About how many weights one run's model has: its layers and the embeddings of a Bible-sized vocabulary."""
+    m = run.cfg.model
+    d = m.encoder_embed_dim
+    return m.encoder_layers * (4 * d * d + 2 * d * m.encoder_ffn_embed_dim) + 20_000 * d
+
+
+def fills_gpu(runs):
+    """Whether a group keeps a GPU busy by itself, so that a second such group beside it only takes turns: two
+    BERT-base groups side by side made 40 run-updates/s together, one alone 51.3; one beside BERT-small groups was
+    not slowed (H100, docs/benchmarks.md). BERT-base has about 100 M weights, BERT-small 2 M."""
+    return weight_count(runs[0]) >= 10_000_000
 
 
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
     one group's Python overlaps the others' kernels. A group takes at most 60 % of a GPU's memory budget (by
-    `estimated_gpu_bytes`: two BERT-base runs, or 30 BERT-small ones); larger models start first; with several
-    GPUs each process runs on one of them, the least loaded. `compile` (default: on a GPU) compiles the stacked
+    `estimated_gpu_bytes`: two BERT-base runs, or 30 BERT-small ones); larger models start first, and a group that
+    fills a GPU (`fills_gpu`) never shares one with another such group; with several GPUs each process runs on one
+    of them, the least loaded. `compile` (default: on a GPU) compiles the stacked
     layers (`StackedEncoder`). `then` maps a command (tuple of its argv) to the commands to run once its group has
     trained (its evaluation), so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt,
     summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
@@ -604,7 +636,7 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     started = time.perf_counter()
     follow = [[c for run in chunk for c in (then or {}).get(tuple(run.argv), [])] for chunk in chunks]
     run_packed(processes, slots, logs, costs=[estimated_gpu_bytes(chunk) for chunk in chunks], capacity=capacity,
-               devices=devices, then=follow)
+               devices=devices, then=follow, exclusive=[fills_gpu(chunk) for chunk in chunks])
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 

@@ -8,7 +8,7 @@ output embedding, lang-pos position tables + segment embedding) and `tests/test_
 logits against `PartiallySharedRoberta.forward` for every slot.
 
 All weights of all models live in one flat (N, P) buffer, every named weight a view of it with its gradient a view
-of one flat gradient buffer: the optimizer then updates everything with a handful of whole-buffer operations.
+of one flat gradient buffer: the optimizer (`packed_training.AdamState`) then updates everything in one pass.
 Attention avoids cuDNN's kernels (see `avoid_cudnn_attention`): lengths change at every batch.
 """
 import math
@@ -39,6 +39,14 @@ def _linear(x, weight, bias):
     return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
 
+def _product(x, weight, bias):
+    """`_linear` with the bias added after the product: compiled, the add fuses into the next elementwise kernel,
+    where `baddbmm` first copies the broadcast bias into its output (copies went from 3.3 to 0.9 ms of a 2-run
+    BERT-base step on an H100, docs/benchmarks.md). The qkv projection keeps `baddbmm`: in this form there,
+    inductor's CPU backward fails a stride assertion on the attention's saved tensors (torch 2.13)."""
+    return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
+
+
 def encoder_layer(x, w, keep, heads, activation, dropout, attention_dropout, activation_dropout):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), w the layer's (N, ...) weights by in-layer name,
     keep (N*B, 1, 1, T) or None. A plain function of tensors, so one torch.compile serves every layer."""
@@ -47,10 +55,10 @@ def encoder_layer(x, w, keep, heads, activation, dropout, attention_dropout, act
     qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
     q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
-    y = _linear(y.transpose(1, 2).reshape(n, b * t, d), w["attention.out.weight"], w["attention.out.bias"])
+    y = _product(y.transpose(1, 2).reshape(n, b * t, d), w["attention.out.weight"], w["attention.out.bias"])
     h = _layer_norm(h + F.dropout(y, dropout), w["attention_norm.weight"], w["attention_norm.bias"])
-    f = F.dropout(activation(_linear(h, w["ffn_in.weight"], w["ffn_in.bias"])), activation_dropout)
-    f = _linear(f, w["ffn_out.weight"], w["ffn_out.bias"])
+    f = F.dropout(activation(_product(h, w["ffn_in.weight"], w["ffn_in.bias"])), activation_dropout)
+    f = _product(f, w["ffn_out.weight"], w["ffn_out.bias"])
     h = _layer_norm(h + F.dropout(f, dropout), w["ffn_norm.weight"], w["ffn_norm.bias"])
     return h.view(n, b, t, d)
 
@@ -72,10 +80,10 @@ def _aligned(offset, to=64):
 class StackedEncoder:
     """`weights[name]` is an (N, *shape) view of the flat compute buffer for each parameter of the N models.
 
-    The fp32 master weights live in `flat`; with dtype bf16 the forward pass reads a bf16 copy (`refresh()` makes it,
-    one kernel) so every activation is bf16 too, and `gradients()` returns the bf16 gradients as fp32: the scheme of
-    fairseq's --fp16 (low-precision model, fp32 master weights and optimiser), without loss scaling since bf16 has
-    fp32's range. With dtype fp32 the forward pass reads the master weights themselves.
+    The fp32 master weights live in `flat`; with dtype bf16 the forward pass reads a bf16 copy (`compute`, which the
+    optimizer writes as it updates `flat`) so every activation is bf16 too, and backward leaves bf16 gradients in
+    `compute_grad`: the scheme of fairseq's --fp16 (low-precision model, fp32 master weights and optimiser), without
+    loss scaling since bf16 has fp32's range. With dtype fp32 the forward pass reads the master weights themselves.
     """
 
     def __init__(self, models, device, dtype=torch.float32, compile=False):
@@ -101,15 +109,13 @@ class StackedEncoder:
             self.layout.append((name, offset, math.prod(shape), shape))
             offset = _aligned(offset + math.prod(shape))
         self.flat = torch.zeros(self.count, offset, device=device)  # the gaps between weights stay zero
-        self.flat_grad = torch.zeros_like(self.flat)
         parameters = [dict(model.named_parameters()) for model in models]
         for name, _, _, _ in self.layout:
             master = self._view(self.flat, name)
             for slot, own in enumerate(parameters):
                 master[slot].copy_(own[name].detach())
-        low_precision = dtype != torch.float32
-        self.compute = torch.empty_like(self.flat, dtype=dtype) if low_precision else self.flat
-        self.compute_grad = torch.zeros_like(self.compute) if low_precision else self.flat_grad
+        self.compute = torch.empty_like(self.flat, dtype=dtype) if dtype != torch.float32 else self.flat
+        self.compute_grad = torch.zeros_like(self.compute)
         self.refresh()
         self.weights = {}
         for name, _, _, _ in self.layout:
@@ -127,22 +133,10 @@ class StackedEncoder:
         return buffer[:, offset:offset + size].view(self.count, *shape)
 
     def refresh(self):
-        """Copy the master weights into the low-precision compute buffer (nothing to do in fp32)."""
+        """Copy the master weights into the low-precision compute buffer (nothing to do in fp32), after they were
+        set other than by the optimizer."""
         if self.compute is not self.flat:
             self.compute.copy_(self.flat)
-
-    def gradients(self, clip_norm=0.0):
-        """This step's gradients, fp32 (N, P); with clip_norm > 0 each model's are scaled to at most that norm
-        (fairseq's --clip-norm, each run on its own), in the same pass that widens bf16 gradients to fp32."""
-        if clip_norm > 0:
-            norms = torch.linalg.vector_norm(self.compute_grad, dim=1, keepdim=True, dtype=torch.float32)
-            return torch.mul(self.compute_grad, (clip_norm / (norms + 1e-6)).clamp(max=1.0), out=self.flat_grad)
-        if self.compute_grad is not self.flat_grad:
-            self.flat_grad.copy_(self.compute_grad)
-        return self.flat_grad
-
-    def zero_grad(self):
-        self.compute_grad.zero_()
 
     def state_dict(self, slot):
         """The fp32 parameters of model `slot` under the model's own names."""

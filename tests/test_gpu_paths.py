@@ -256,6 +256,17 @@ def test_run_packed_spreads_runs_over_gpus_by_memory(tmp_path):
     assert float(started[4]) >= min(map(float, ended[:4]))  # timing-free: it waited for an end
 
 
+def test_run_packed_never_puts_two_exclusive_runs_on_one_gpu(tmp_path):
+    """Exclusive runs (groups that fill a GPU) take turns on the one GPU while the others start beside them."""
+    script = "import sys,time;print(time.time());time.sleep(float(sys.argv[1]));print(time.time())"
+    commands = [[sys.executable, "-c", script, seconds] for seconds in ("0.5", "0.5", "0")]
+    run_packed(commands, slots=3, log_dir=tmp_path, poll_s=0.02, costs=[.1, .1, .1], capacity=1,
+               exclusive=[True, True, False])
+    started, ended = zip(*((float(t) for t in (tmp_path / f"{i}.log").read_text().split()) for i in range(3)))
+    assert started[1] >= ended[0]  # timing-free: the second exclusive run waited for the first to end
+    assert started[2] < ended[0]  # the other one did not wait
+
+
 def test_run_packed_runs_follow_ups_of_successful_runs_first(tmp_path):
     """then[i] starts as soon as run i succeeded, ahead of the queue; a failed run's follow-ups never start."""
     def printing(label, status=0):

@@ -80,24 +80,31 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
             assert torch.allclose(packed[name], value.detach(), atol=2e-6), name
 
 
-def test_adam_state_steps_like_torch_adamw_for_xmlm_adamw():
-    """The fused step with torch's formula (xmlm_adamw) = torch.optim.AdamW's loop; fairseq's formula is checked
-    against fairseq's Trainer above."""
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_adam_state_steps_like_torch_adamw_for_xmlm_adamw(compile):
+    """The one-pass step with torch's formula (xmlm_adamw) = torch.optim.AdamW's loop, with each run's gradients
+    clipped as fairseq's --clip-norm does (a run's norm as clip_grad_norm_ takes it), and the bf16 copy and the
+    zeroed gradients it leaves behind; fairseq's formula is checked against fairseq's Trainer above."""
     torch.manual_seed(0)
     weights = torch.randn(3, 50)
-    reference = weights.clone().requires_grad_()
-    flat, grads = weights.clone(), torch.zeros(3, 50)
-    adam = packed_training.AdamState(flat, grads, (0.9, 0.98), 1e-6, 0.01, torch_style=True)
-    torch_adamw = torch.optim.AdamW([reference], lr=1.0, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01,
+    references = [row.clone().requires_grad_() for row in weights]
+    flat, grads, compute = weights.clone(), torch.zeros(3, 50), torch.zeros(3, 50, dtype=torch.bfloat16)
+    adam = packed_training.AdamState(flat, grads, (0.9, 0.98), 1e-6, 0.01, torch_style=True, clip_norm=2e-5,
+                                     compute=compute, compile=compile)
+    torch_adamw = torch.optim.AdamW(references, lr=1.0, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01,
                                     foreach=False)
     for lr in (1e-3, 5e-4, 2e-3):
         gradient = torch.randn(3, 50) * 1e-6  # as small as eps, so where eps goes shows
+        gradient[0] *= 10  # this run's norm (about 7e-5) is clipped, the others' (about 7e-6) are not
         grads.copy_(gradient)
         adam.step(lr)
-        reference.grad = gradient.clone()
+        for reference, row in zip(references, gradient):
+            reference.grad = row.clone()
+            torch.nn.utils.clip_grad_norm_([reference], 2e-5)
         torch_adamw.param_groups[0]["lr"] = lr
         torch_adamw.step()
-    assert adam.step_count == 3 and torch.allclose(flat, reference.detach(), atol=1e-7)
+    assert adam.step_count == 3 and torch.allclose(flat, torch.stack(references).detach(), atol=1e-7)
+    assert torch.equal(compute, flat.to(torch.bfloat16)) and not grads.any()
 
 
 def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
@@ -142,6 +149,10 @@ def test_groups_are_cut_to_the_memory_budget(fake_english_data, tmp_path):
     assert [len(c) for c in packed_training.grouped(runs, 2)] == [2, 1]
     assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=2.5 * one)] == [2, 1]
     assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=0.5 * one)] == [1, 1, 1]
+    assert not packed_training.fills_gpu(runs)  # tiny test models
+    base = packed_training.parse_run(command(fake_english_data, tmp_path, "base", 1, "--encoder-layers", "12",
+                                             "--encoder-embed-dim", "768", "--encoder-ffn-embed-dim", "3072"))
+    assert packed_training.fills_gpu([base])  # BERT-base's shape
 
 
 def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, tmp_path):
@@ -154,11 +165,11 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
         inputs, langs, positions, _, has_padding, _ = group.batch([s[step] for s in schedules],
                                                                    torch.Generator().manual_seed(step))
         for stacked in (eager, compiled):
-            stacked.zero_grad()
+            stacked.compute_grad.zero_()
             stacked.masked_logits(inputs, langs, positions, has_padding=has_padding).square().mean().backward()
         assert torch.allclose(compiled.masked_logits(inputs, langs, positions, has_padding=has_padding),
                               eager.masked_logits(inputs, langs, positions, has_padding=has_padding), atol=1e-5)
-        assert torch.allclose(compiled.gradients(), eager.gradients(), atol=1e-6)
+        assert torch.allclose(compiled.compute_grad, eager.compute_grad, atol=1e-6)
 
 
 def test_bad_commands(fake_english_data, tmp_path, capsys):
