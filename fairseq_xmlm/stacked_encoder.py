@@ -47,9 +47,16 @@ def _product(x, weight, bias):
     return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
 
 
-def encoder_layer(x, w, keep, heads, activation, dropout, attention_dropout, activation_dropout):
-    """Post-LayerNorm BERT layer of every model; x (N, B, T, D), w the layer's (N, ...) weights by in-layer name,
-    keep (N*B, 1, 1, T) or None. A plain function of tensors, so one torch.compile serves every layer."""
+def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_dropout, activation_dropout):
+    """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
+    one row, `layout` their in-layer names -> (offset, size, shape) in a row, keep (N*B, 1, 1, T) or None. A plain
+    function of tensors, so one torch.compile serves every layer.
+
+    The weights are sliced here, inside the compiled graph, so that autograd sees one leaf per layer, not 16: a
+    2-run BERT-base step waited on the host, which spent 4.2 of its 59 ms (under the profiler) accumulating
+    gradients one weight at a time (docs/benchmarks.md)."""
+    w = {name: block[:, offset:offset + size].view(block.size(0), *shape)
+         for name, (offset, size, shape) in layout.items()}
     n, b, t, d = x.shape
     h = x.reshape(n, b * t, d)
     qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
@@ -78,7 +85,8 @@ def _aligned(offset, to=64):
 
 
 class StackedEncoder:
-    """`weights[name]` is an (N, *shape) view of the flat compute buffer for each parameter of the N models.
+    """`weights[name]` is an (N, *shape) view of the flat compute buffer for each parameter of the N models outside
+    the layers, and `layer_blocks[i]` the (N, P_i) view of layer i's, laid out as `layer_layouts[i]` says.
 
     The fp32 master weights live in `flat`; with dtype bf16 the forward pass reads a bf16 copy (`compute`, which the
     optimizer writes as it updates `flat`) so every activation is bf16 too, and backward leaves bf16 gradients in
@@ -117,16 +125,25 @@ class StackedEncoder:
         self.compute = torch.empty_like(self.flat, dtype=dtype) if dtype != torch.float32 else self.flat
         self.compute_grad = torch.zeros_like(self.compute)
         self.refresh()
-        self.weights = {}
-        for name, _, _, _ in self.layout:
-            # A leaf sharing the compute buffer's storage whose .grad is a view of the flat gradient buffer:
-            # backward adds into it in place, so every gradient of every model ends up in one (N, P) tensor.
-            weight = self._view(self.compute, name).detach().requires_grad_()
-            weight.grad = self._view(self.compute_grad, name)
-            self.weights[name] = weight
-        # each layer's weights under their in-layer names, looked up once here rather than at every step
-        self.layer_weights = [{name[len(f"layers.{i}.0."):]: weight for name, weight in self.weights.items()
-                               if name.startswith(f"layers.{i}.0.")} for i in range(self.num_layers)]
+        # Leaves sharing the compute buffer's storage whose .grad is a view of the flat gradient buffer: backward
+        # adds into it in place, so every gradient of every model ends up in one (N, P) tensor. One leaf per weight
+        # outside the layers; one per layer, with its weights' places in it, for `encoder_layer`.
+        self.weights = {name: self._leaf(offset, offset + size, shape)
+                        for name, offset, size, shape in self.layout if not name.startswith("layers.")}
+        self.layer_blocks, self.layer_layouts = [], []
+        for i in range(self.num_layers):
+            prefix = f"layers.{i}.0."
+            entries = [entry for entry in self.layout if entry[0].startswith(prefix)]
+            start, end = entries[0][1], entries[-1][1] + entries[-1][2]
+            self.layer_blocks.append(self._leaf(start, end))
+            self.layer_layouts.append({name[len(prefix):]: (offset - start, size, shape)
+                                       for name, offset, size, shape in entries})
+
+    def _leaf(self, start, end, shape=(-1,)):
+        """Columns start:end of the compute buffer as an (N, *shape) leaf, its .grad the same of the gradients."""
+        leaf = self.compute[:, start:end].view(self.count, *shape).detach().requires_grad_()
+        leaf.grad = self.compute_grad[:, start:end].view(self.count, *shape)
+        return leaf
 
     def _view(self, buffer, name):
         _, offset, size, shape = next(entry for entry in self.layout if entry[0] == name)
@@ -167,9 +184,9 @@ class StackedEncoder:
         n, b, t = tokens.shape
         keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t) if has_padding else None
         x = F.dropout(self.embed(tokens, langs), dropout)
-        for i in range(self.num_layers):
-            x = self.encoder_layer(x, self.layer_weights[i], keep, self.heads, self.activation, dropout,
-                                   attention_dropout, activation_dropout)
+        for block, layout in zip(self.layer_blocks, self.layer_layouts):
+            x = self.encoder_layer(x, block, layout, keep, self.heads, self.activation, dropout, attention_dropout,
+                                   activation_dropout)
         features = x.reshape(n, b * t, -1).gather(1, positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
         w = self.weights
         h = F.gelu(_linear(features, w["lm_dense.weight"], w["lm_dense.bias"]))  # the LM head is GELU always
