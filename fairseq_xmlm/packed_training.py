@@ -198,10 +198,10 @@ def adam_update(flat, grad, exp_avg, exp_avg_sq, compute, hyper, beta1, beta2, w
 
 class AdamState:
     """Adam over the flat (N, P) master weights `flat`, whose gradients backward leaves in `grad`: torch's AdamW
-    formula, one `adam_update` per step, compiled into a reduction and one elementwise kernel with `compile`. Where a
-    fused torch AdamW needs the gradients widened to fp32 first and the bf16 copy refreshed after, this reads and
-    writes each buffer once. For fairseq's `adam`, which adds eps before the bias correction, that is the same update
-    with eps / sqrt(1 - beta2^t), given at each step; `xmlm_adamw` is torch's own."""
+    formula, one `adam_update` per step, compiled with `compile` into one elementwise kernel (after a reduction when
+    clipping). Where torch's fused AdamW needs the gradients widened to fp32 first and the bf16 copy refreshed after,
+    this reads and writes each buffer once. For fairseq's `adam`, which adds eps before the bias correction, that is
+    the same update with eps / sqrt(1 - beta2^t), given at each step; `xmlm_adamw` is torch's own."""
 
     def __init__(self, flat, grad, betas, eps, weight_decay, torch_style, clip_norm=0.0, compute=None,
                  compile=False):
@@ -608,10 +608,10 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     one group's Python overlaps the others' kernels. A group takes at most 60 % of a GPU's memory budget (by
     `estimated_gpu_bytes`: two BERT-base runs, or 30 BERT-small ones); larger models start first, and a group that
     fills a GPU (`fills_gpu`) never shares one with another such group; with several GPUs each process runs on one
-    of them, the least loaded. `compile` (default: on a GPU) compiles the stacked
-    layers (`StackedEncoder`). `then` maps a command (tuple of its argv) to the commands to run once its group has
-    trained (its evaluation), so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt,
-    summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
+    of them, the least loaded. `compile` (default: on a GPU) compiles the stacked layers and the optimizer step.
+    `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
+    so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt, summary.<i>.json and
+    logs/<i>.log; returns the wall time and the per-process summaries."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     os.makedirs(workdir, exist_ok=True)
@@ -648,7 +648,8 @@ def main(argv=None):
     parser.add_argument("--max-group", type=int, default=40, help="most runs stacked into one model")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--summary", help="write the per-group timings here (json)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the stacked layers (worth it on a GPU)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the stacked layers and the optimizer step (worth it on a GPU)")
     parser.add_argument("--time-limit", type=float, default=0,
                         help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
     args = parser.parse_args(argv)
