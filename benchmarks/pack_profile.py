@@ -4,10 +4,11 @@
 
 Each group is a list of run IDs of `examples/dufter/run.py full`, for the first --seeds of its seeds, all stacked
 into one model (each run on its own seed's batches, as packed_training does). For every group and variant (eager;
-compile = the stacked layers under torch.compile) in this process, one after another: --warmup steps (more than
-an epoch's 69 batches, so every batch shape has been compiled; the time is printed), --steps timed steps
-(synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under torch.profiler: kernel time
-per step, by kind of kernel and by kernel, against the profiled wall (the rest is the GPU waiting on the host).
+compile = the stacked layers and the optimizer step under torch.compile) in this process, one after another:
+--warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled; the time is printed),
+--steps timed steps (synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under
+torch.profiler: kernel time per step, by kind of kernel and by kernel, against the profiled wall (the rest is the
+GPU waiting on the host).
 Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the
 profiler's operator table by host time. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier
 commit, to compare in the same call). Not a test.
@@ -118,7 +119,7 @@ def main():
         for variant in args.variants.split(","):
             options = {}
             if variant == "compile":
-                torch._dynamo.reset()  # the compiled layer is one function: start its cache afresh for this group
+                torch._dynamo.reset()  # compiled functions are shared by groups: start their caches afresh for this one
                 options["compile"] = True
             group = packed_training.PackedGroup(runs, device, **options)
             result, profiler = profile_group(group, schedules, args, device)

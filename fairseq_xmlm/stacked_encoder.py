@@ -139,15 +139,18 @@ class StackedEncoder:
             self.layer_layouts.append({name[len(prefix):]: (offset - start, size, shape)
                                        for name, offset, size, shape in entries})
 
+    def _columns(self, buffer, start, end, shape=(-1,)):
+        return buffer[:, start:end].view(self.count, *shape)
+
     def _leaf(self, start, end, shape=(-1,)):
         """Columns start:end of the compute buffer as an (N, *shape) leaf, its .grad the same of the gradients."""
-        leaf = self.compute[:, start:end].view(self.count, *shape).detach().requires_grad_()
-        leaf.grad = self.compute_grad[:, start:end].view(self.count, *shape)
+        leaf = self._columns(self.compute, start, end, shape).detach().requires_grad_()
+        leaf.grad = self._columns(self.compute_grad, start, end, shape)
         return leaf
 
     def _view(self, buffer, name):
         _, offset, size, shape = next(entry for entry in self.layout if entry[0] == name)
-        return buffer[:, offset:offset + size].view(self.count, *shape)
+        return self._columns(buffer, offset, offset + size, shape)
 
     def refresh(self):
         """Copy the master weights into the low-precision compute buffer (nothing to do in fp32), after they were
