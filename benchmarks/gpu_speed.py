@@ -340,33 +340,49 @@ def section_strategies(b, fake_data, bible_data):
     b.ratio("bible_conneau_within / bible_conneau_cross", "bible_conneau_within", "bible_conneau_cross")
 
 
+def ddp_variants(text):
+    """BENCH_DDP_VARIANTS: ";"-separated sets of extra arguments for our multi-GPU runs, one run per set, e.g.
+    "--ddp-backend legacy_ddp;" (legacy_ddp, then the default pytorch_ddp) -> [(suffix, argv), ...]; a run's name
+    carries its arguments ("_4gpu+ddp-backend=legacy_ddp"), the default's nothing."""
+    variants = []
+    for chunk in text.split(";"):
+        argv = chunk.split()
+        suffix = "".join(f"+{a.lstrip('-')}" if a.startswith("--") else f"={a}" for a in argv)
+        variants.append((suffix, argv))
+    return variants
+
+
 def section_multigpu(b, synth, gpus):
     """BENCH_MULTIGPU_KINDS (default "fp16_flat_master,stock"), run in that order: "stock" and any of our
-    `single_variants` (e.g. fp16_flat_master_cudagraphs_cudnn). BENCH_DDP_ARGS adds arguments to our multi-GPU
-    runs (DDP or data-loader options)."""
+    `single_variants` (e.g. fp16_flat_master_cudagraphs_cudnn). Each of our kinds runs on more than one GPU once per
+    set of BENCH_DDP_VARIANTS (`ddp_variants`; default one run with fairseq's default, pytorch_ddp)."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     known = {"stock": stock_args(synth, CONNEAU) + ["--fp16"],
              **{name: ours_args(synth, CONNEAU) + extra for name, extra in single_variants().items()}}
     names = os.environ.get("BENCH_MULTIGPU_KINDS", "fp16_flat_master,stock").split(",")
     if not set(names) <= set(known):
         raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
-    ddp_args = os.environ.get("BENCH_DDP_ARGS", "").split()
+    variants = ddp_variants(os.environ.get("BENCH_DDP_VARIANTS", ""))
     kinds = [(name, known[name], updates_for(known[name], u)) for name in names]
+    measured = []  # (kind, n, run name)
     for kind, argv, updates in kinds:
         for n in gpus:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
-            dist = ddp_arguments(n) + (ddp_args if n > 1 and kind != "stock" else [])
-            b.train(f"multi_{kind}_{n}gpu", argv + dist, updates, 50, CONNEAU, env=env, gpus=n)
-        for n in gpus[1:]:
-            key = f"scaling {kind} {n}gpu (tokens/s over {n} x 1gpu)"
-            b.ratio(key, f"multi_{kind}_{n}gpu", f"multi_{kind}_1gpu")
-            if key in b.results.get("ratios", {}):  # absent when a run failed
-                b.results["ratios"][key] /= n
-                b.save()
-    for n in gpus:
-        for kind, _, _ in kinds:
-            if kind != "stock":
-                b.ratio(f"{kind} / stock {n}gpu", f"multi_{kind}_{n}gpu", f"multi_stock_{n}gpu")
+            for suffix, extra in (variants if n > 1 and kind != "stock" else [("", [])]):
+                name = f"multi_{kind}_{n}gpu{suffix}"
+                b.train(name, argv + ddp_arguments(n) + extra, updates, 50, CONNEAU, env=env, gpus=n)
+                measured.append((kind, n, name))
+    for kind, n, name in measured:
+        if n == 1:
+            continue
+        key = f"scaling {name[len('multi_'):]} (tokens/s over {n} x 1gpu)"
+        b.ratio(key, name, f"multi_{kind}_1gpu")
+        if key in b.results.get("ratios", {}):  # absent when a run failed
+            b.results["ratios"][key] /= n
+            b.save()
+    for kind, n, name in measured:
+        if kind != "stock":
+            b.ratio(f"{name[len('multi_'):]} / stock {n}gpu", name, f"multi_stock_{n}gpu")
 
 
 def section_alone(b, fake_data, updates):

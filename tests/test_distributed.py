@@ -3,6 +3,7 @@ torch's DDP wrapper takes GPU device ids only). On GPUs the same code runs over 
 (`benchmarks/gpu_speed.py --sections multigpu`)."""
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,34 +21,37 @@ def free_port():
 
 def train_inner_fields(log):
     """The key=value fields of fairseq's simple-format train_inner lines."""
-    rows = []
-    for line in log.splitlines():
-        if "| train_inner |" in line:
-            rows.append(dict(field.split("=", 1) for field in line.split(":", 3)[-1].split(", ") if "=" in field))
-    return rows
+    return [dict(re.findall(r"(\w+)=([^,\s]+)", line)) for line in log.splitlines() if "| train_inner |" in line]
 
 
-def test_two_ranks_train_one_model_on_half_the_batches_each(fake_english_data, tmp_path):
+def train_two_ranks(data, save_dir, *options, updates=6):
+    """fairseq-train as two CPU ranks over gloo with legacy_ddp; returns both ranks' logs."""
     init = f"tcp://127.0.0.1:{free_port()}"
     processes = []
     for rank in (0, 1):
         command = [
-            str(Path(sys.executable).parent / "fairseq-train"), str(fake_english_data), "--user-dir",
+            str(Path(sys.executable).parent / "fairseq-train"), str(data), "--user-dir",
             str(REPO / "fairseq_xmlm"), "--task", "fake_english", "--arch", "xmlm_bert_small", "--criterion",
-            "xmlm_masked_lm", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "16", "--max-update", "6",
+            "xmlm_masked_lm", "--lr", "1e-3", "--batch-size", "16", "--max-update", str(updates),
             "--cpu", "--num-workers", "1", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",
             "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-init-method", init,
-            "--distributed-no-spawn", "--save-dir", str(tmp_path / f"rank{rank}"), "--no-epoch-checkpoints",
-            "--disable-validation", "--log-format", "simple", "--log-interval", "2", "--seed", "1",
+            "--distributed-no-spawn", "--save-dir", str(save_dir / f"rank{rank}"), "--no-epoch-checkpoints",
+            "--disable-validation", "--log-format", "simple", "--log-interval", "1", "--seed", "1", *options,
         ]
-        with open(tmp_path / f"rank{rank}.log", "w") as out:  # files, not pipes: a full pipe would stall its rank
+        save_dir.mkdir(parents=True, exist_ok=True)
+        with open(save_dir / f"rank{rank}.log", "w") as out:  # files, not pipes: a full pipe would stall its rank
             processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                               env={**os.environ, "PYTHONUNBUFFERED": "1"}))
     for p in processes:
         p.wait(timeout=300)
-    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in (0, 1)]
+    logs = [(save_dir / f"rank{rank}.log").read_text() for rank in (0, 1)]
     for rank, (p, log) in enumerate(zip(processes, logs)):
         assert p.returncode == 0, f"rank {rank}:\n{log[-3000:]}"
+    return logs
+
+
+def test_two_ranks_train_one_model_on_half_the_batches_each(fake_english_data, tmp_path):
+    logs = train_two_ranks(fake_english_data, tmp_path, "--optimizer", "adam")
     rows = train_inner_fields(logs[0])
     assert rows and all(row["bsz"] == "32" for row in rows)  # statistics summed over both ranks' 16 sentences
     # each rank reads its own shard: half of the epoch's batches ("epoch 001:      2 / 273 loss=...")
@@ -59,3 +63,16 @@ def test_two_ranks_train_one_model_on_half_the_batches_each(fake_english_data, t
     # only the master saves the one model both ranks trained
     assert (tmp_path / "rank0" / "checkpoint_last.pt").exists()
     assert not (tmp_path / "rank1" / "checkpoint_last.pt").exists()
+
+
+def test_flat_master_weights_average_the_gradients_in_one_all_reduce_as_legacy_ddp_does(fake_english_data,
+                                                                                           tmp_path):
+    """xmlm_adamw's flat fp16 gradient, all-reduced in one piece, trains as legacy_ddp's parameter-by-parameter
+    buckets do (under --fp16, xmlm_adamw leaves the reduction to the wrapper): the same losses, update for update.
+    Without the all-reduce each rank would follow its own gradients and rank 0's losses would differ."""
+    losses = []
+    for name, precision in (("fp16", ["--fp16-no-flatten-grads"]), ("flat", ["--memory-efficient-fp16"])):
+        log = train_two_ranks(fake_english_data, tmp_path / name, "--optimizer", "xmlm_adamw", "--fp16",
+                              *precision)[0]
+        losses.append([row["loss"] for row in train_inner_fields(log)])
+    assert len(losses[0]) == 6 and losses[1] == losses[0]

@@ -60,3 +60,10 @@ def _state(pid):
             return stat.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def test_ddp_variants_name_each_run_by_its_arguments():
+    assert gpu_speed.ddp_variants("") == [("", [])]
+    assert gpu_speed.ddp_variants("--ddp-backend legacy_ddp; --gradient-as-bucket-view") == [
+        ("+ddp-backend=legacy_ddp", ["--ddp-backend", "legacy_ddp"]),
+        ("+gradient-as-bucket-view", ["--gradient-as-bucket-view"])]

@@ -9,6 +9,10 @@ master copy as one flat tensor (`FlatMasterWeights`): the same arithmetic as `--
 fp32 master weights, AdamW in fp32, dynamic loss scaling), but gradients come in and weights go back in a few
 whole-buffer kernels, where FP16Optimizer copies each parameter on its own, twice per update (on an H100 at the
 Conneau config, its ~220 copy calls per update were where the GPU waited for the host: docs/benchmarks.md).
+
+Under `--ddp-backend legacy_ddp` (or `no_c10d`) with those flat master weights, the gradients are averaged over the
+data-parallel ranks as that one flat low-precision buffer, in a single all-reduce, in place of the wrapper's
+parameter-by-parameter copies into and out of its bucket.
 """
 import ast
 from dataclasses import dataclass, field
@@ -16,6 +20,8 @@ from typing import List
 
 import torch
 from fairseq.dataclass import FairseqDataclass
+from fairseq.distributed import LegacyDistributedDataParallel, ModuleProxyWrapper
+from fairseq.distributed import utils as distributed_utils
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II
 
@@ -65,11 +71,17 @@ class FlatMasterWeights:
         self.weight_views = [v.view_as(p) for v, p in zip(self.low_precision_weights.split(sizes), params)]
         self.gathered = False
 
-    def gather_gradients(self):
-        """Once per update (zero_grad starts the next): the parameters' gradients -> master.grad, in fp32."""
+    def gather_gradients(self, process_group=None):
+        """Once per update (zero_grad starts the next): the parameters' gradients -> master.grad, in fp32; with a
+        process group, averaged over its ranks on the way. Like fairseq's legacy_ddp, the low-precision gradient is
+        divided by the number of ranks before it is summed, so that the sum cannot overflow where one rank's
+        gradient does not."""
         if not self.gathered:
             torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.params],
                       out=self.low_precision_grad)
+            if process_group is not None:
+                self.low_precision_grad.div_(distributed_utils.get_world_size(process_group))
+                distributed_utils.all_reduce(self.low_precision_grad, process_group)
             self.master.grad.copy_(self.low_precision_grad)
             self.gathered = True
 
@@ -125,6 +137,14 @@ class XmlmAdamW(FairseqOptimizer):
     def _gather_gradients(self):
         if self.master is not None:
             self.master.gather_gradients()
+
+    def all_reduce_grads(self, module):
+        """fairseq's trainer calls this once per update, before any other gradient entry point."""
+        wrapper = module.module if isinstance(module, ModuleProxyWrapper) else module  # how fairseq wraps legacy_ddp
+        if self.master is not None and isinstance(wrapper, LegacyDistributedDataParallel):
+            self.master.gather_gradients(wrapper.process_group)
+        else:  # one process, or torch's DDP, which reduced the gradients during backward
+            super().all_reduce_grads(module)
 
     def multiply_grads(self, c):
         self._gather_gradients()
