@@ -105,14 +105,22 @@ def parse_train_inner(path):
 
 
 RUN_TIMED_OUT = 124  # run_child's status for a run stopped at its time limit (as `timeout` reports it)
+EXIT_GRACE_S = 15  # how long a run that has logged the end of its training may take to exit
 
 
-def run_child(cmd, log_file, env=None, preexec_fn=None, time_limit=None):
+def training_done(log_path):
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return "done training in" in f.read()
+
+
+def run_child(cmd, log_file, env=None, preexec_fn=None, time_limit=None, done=None):
     """Exit status of `cmd`, run with its output to log_file in a process group of its own. SIGTERM or SIGINT to
     this script stops that whole group (fairseq-train, its DDP ranks, their data-loader workers) before exiting:
     under `timeout N python3 benchmarks/gpu_speed.py | grep ...` a surviving rank keeps the pipe open, and the
     device call then runs into its own limit with nothing sent back. A run still going after `time_limit` seconds
-    (a hung rank) is stopped the same way and reported as RUN_TIMED_OUT; the script goes on with the next run."""
+    (a hung rank) is stopped the same way and reported as RUN_TIMED_OUT; the script goes on with the next run.
+    Once `done()` is true (the run logged the end of its training) the run has EXIT_GRACE_S seconds left: compiled
+    runs were seen to hang for 20 s and more on their way out (seventh session and 2026-11-26's first call)."""
     child = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn,
                              start_new_session=True)
     stopped = []  # the signal, once this script is asked to stop
@@ -134,6 +142,10 @@ def run_child(cmd, log_file, env=None, preexec_fn=None, time_limit=None):
                 rc = child.wait(1)
                 break
             except subprocess.TimeoutExpired:
+                if done is not None and done():
+                    grace_end = time.monotonic() + EXIT_GRACE_S
+                    deadline = grace_end if deadline is None else min(deadline, grace_end)
+                    done = None
                 if not terminated and deadline is not None and time.monotonic() > deadline:
                     terminate()
                 if terminated and time.monotonic() - terminated[0] > 10:  # SIGTERM ignored
@@ -160,12 +172,18 @@ def _out_of_files(log_path):
         return "Too many open files" in f.read()
 
 
+def train_command(argv, updates, interval):
+    return [sys.executable, "-m", "fairseq_cli.train", *argv, "--max-update", str(updates), "--log-interval",
+            str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
+
+
 class Bench:
     def __init__(self, out):
         self.out = out
         self.logs = os.path.join(out, "logs")
         os.makedirs(self.logs, exist_ok=True)
-        self.results = {"card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+        card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        self.results = {"card": card, "gpus": torch.cuda.device_count(),
                         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "runs": {}}
         self.peak = next((v for k, v in PEAK_FLOPS.items() if k in self.results["card"]), None)
         # BENCH_RUN_SECONDS: stop any one fairseq-train after this long (a hung DDP rank must not take the call)
@@ -179,15 +197,16 @@ class Bench:
 
     def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1):
         """One fairseq-train run; records mean wps / ups over the intervals after the first."""
-        cmd = [sys.executable, "-m", "fairseq_cli.train", *argv, "--max-update", str(updates), "--log-interval",
-               str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
+        cmd = train_command(argv, updates, interval)
         path = os.path.join(self.logs, f"{name}.log")
         started = time.perf_counter()
         with open(path, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
-            rc = run_child(cmd, f, env, time_limit=self.run_seconds)
+            rc = run_child(cmd, f, env, time_limit=self.run_seconds, done=lambda: training_done(path))
         result = {"timed_out": True} if rc == RUN_TIMED_OUT else {}
+        if rc == RUN_TIMED_OUT and training_done(path):  # it trained to the end and hung on its way out
+            result, rc = {"stopped_after_training": True}, 0
         if rc != 0 and _out_of_files(path):  # seen once with DDP's data-loader workers: say so, retry, hard limit
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             result["first_try"] = f"Too many open files with the open-file limit {soft}; retried with {hard}"

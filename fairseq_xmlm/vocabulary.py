@@ -2,6 +2,7 @@
 import hashlib
 import os
 
+import numpy as np
 import torch
 from fairseq.data import Dictionary, data_utils
 
@@ -34,17 +35,22 @@ def real_symbol_ids(dictionary, exclude=()):
 
 
 def load_split_sentences(data_dir, split, lang, dictionary):
-    """Piece ids of every item of `data_dir/{split}.{lang}`, without the eos fairseq-preprocess appends."""
+    """Piece ids of every item of `data_dir/{split}.{lang}`, without the eos fairseq-preprocess appends, as views of
+    one tensor. The binarized file is read in one piece: item by item, 1.4M sentences took 30 s."""
     prefix = os.path.join(data_dir, f"{split}.{lang}")
     dataset = data_utils.load_indexed_dataset(prefix, dictionary, dataset_impl="mmap")
     if dataset is None:
         raise XmlmError(f"no binarized split {prefix}.{{bin,idx}} (languages and splits come from xmlm-prepare)")
-    sentences = []
-    for i in range(len(dataset)):
-        ids = dataset[i].long()
-        if len(ids) and ids[-1] == dictionary.eos():
-            ids = ids[:-1]
-        sentences.append(ids)
-    if max(int(ids.max()) if len(ids) else -1 for ids in sentences) >= len(dictionary):
+    sizes = np.asarray(dataset.sizes, dtype=np.int64)
+    # an MMapIndexedDataset keeps its items back to back, in order, in one memory-mapped buffer
+    flat = torch.from_numpy(np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype,
+                                          count=int(sizes.sum())).astype(np.int64))
+    last = np.cumsum(sizes) - 1
+    ends_in_eos = np.zeros(len(sizes), dtype=bool)
+    ends_in_eos[sizes > 0] = (flat[last[sizes > 0]] == dictionary.eos()).numpy()
+    keep = torch.ones(len(flat), dtype=torch.bool)
+    keep[last[ends_in_eos]] = False
+    flat = flat[keep]
+    if len(flat) and int(flat.max()) >= len(dictionary):
         raise XmlmError(f"{prefix} holds ids beyond its dictionary of {len(dictionary)} symbols: wrong dict.txt?")
-    return sentences
+    return list(flat.split((sizes - ends_in_eos).tolist()))

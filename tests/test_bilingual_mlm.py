@@ -15,8 +15,9 @@ from fairseq.data import data_utils, indexed_dataset
 from conftest import REPO
 from fairseq_xmlm.checkpoints import load_checkpoint, safe_torch_load
 from fairseq_xmlm.experiments.conneau import SETTINGS
+from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
 from fairseq_xmlm.models.partially_shared_roberta import PartiallySharedRoberta, PartiallySharedRobertaConfig
-from fairseq_xmlm.tasks.bilingual_mlm import BilingualMLMConfig, BilingualMLMTask, LanguageBatches
+from fairseq_xmlm.tasks.bilingual_mlm import BilingualMLMConfig, BilingualMLMTask, LanguageBatches, cut_streams
 
 LAYERS = 6
 TINY = ["--encoder-layers", str(LAYERS), "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
@@ -282,3 +283,22 @@ def test_bad_input_ends_in_one_clear_line(runs, name, message):
     last = process.stderr.strip().splitlines()[-1]
     assert last.startswith("fairseq_xmlm.errors.XmlmError: ") and message in last
     assert not (save_dir / "checkpoint_last.pt").exists()
+
+
+def test_cut_streams_closes_each_sentence_and_opens_each_block():
+    sentences = [torch.tensor([5, 6, 7]), torch.tensor([8]), torch.tensor([], dtype=torch.long), torch.tensor([9, 10])]
+    # stream 5 6 7 </s> 8 </s> </s> 9 10 </s> in bodies of 3, each after <s>; a last body of one token is dropped
+    streams = cut_streams(sentences, eos=2, bos=0, tokens_per_sample=4)
+    assert [s.tolist() for s in streams] == [[0, 5, 6, 7], [0, 2, 8, 2], [0, 2, 9, 10]]
+    assert [s.tolist() for s in cut_streams(sentences[:2], eos=2, bos=0, tokens_per_sample=4)] == [[0, 5, 6, 7],
+                                                                                                  [0, 2, 8, 2]]
+    assert cut_streams([], eos=2, bos=0, tokens_per_sample=4) == []
+
+
+def test_split_sentences_read_in_one_piece_are_the_items_without_their_eos(bible_en_fr_data):
+    dictionary = load_data_dictionary(bible_en_fr_data)
+    items = data_utils.load_indexed_dataset(os.path.join(bible_en_fr_data, "train.fr"), dictionary, "mmap")
+    sentences = load_split_sentences(bible_en_fr_data, "train", "fr", dictionary)
+    assert len(sentences) == len(items) > 1000
+    for i in range(0, len(items), 97):
+        assert items[i][-1] == dictionary.eos() and torch.equal(sentences[i], items[i][:-1].long())

@@ -47,6 +47,23 @@ def test_a_run_past_its_time_limit_is_stopped_with_what_it_started_and_reported(
     assert_gone_soon(int(pid_file.read_text()))
 
 
+def test_a_run_that_hangs_after_training_is_stopped_soon_after_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_speed, "EXIT_GRACE_S", 1)
+    script = tmp_path / "hangs.py"  # fairseq-train's stand-in: two logged intervals, the end, then no exit
+    script.write_text("import json, time\n"
+                      "for wps in (2.0, 4.0):\n"
+                      "    print('x | INFO | train_inner | ' + json.dumps({'wps': str(wps), 'ups': '1.0'}))\n"
+                      "print('x | INFO | fairseq_cli.train | done training in 1.0 seconds', flush=True)\n"
+                      "time.sleep(60)\n")
+    bench = gpu_speed.Bench(str(tmp_path))
+    bench.run_seconds = 50
+    monkeypatch.setattr(gpu_speed, "train_command", lambda argv, updates, interval: [sys.executable, str(script)])
+    started = time.monotonic()
+    result = bench.train("hangs", [], updates=2, interval=1)
+    assert time.monotonic() - started < 20
+    assert result["stopped_after_training"] and result["rc"] == 0 and result["wps"] == 4.0  # after the first interval
+
+
 def assert_gone_soon(pid):
     deadline = time.time() + 10
     while os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid):

@@ -55,11 +55,23 @@ def language_probabilities(sentence_counts, alpha):
 
 
 def cut_streams(sentences, eos, bos, tokens_per_sample):
-    """Concatenate sentences (each closed by </s>) and cut the stream into blocks of `<s>` + tokens_per_sample-1."""
-    flat = torch.cat([torch.cat([s, s.new_tensor([eos])]) for s in sentences])
+    """Concatenate sentences (each closed by </s>) and cut the stream into blocks of `<s>` + tokens_per_sample-1
+    (a last block of a single token is dropped). Built with whole-tensor operations: views of one (blocks, T)
+    tensor, the last block apart."""
+    lengths = torch.tensor([len(s) for s in sentences], dtype=torch.long) + 1
+    flat = torch.full((int(lengths.sum()),), eos, dtype=torch.long)
+    is_token = torch.ones(len(flat), dtype=torch.bool)
+    is_token[torch.cumsum(lengths, 0) - 1] = False
+    if len(sentences):
+        flat[is_token] = torch.cat(sentences).long()
     body = tokens_per_sample - 1
-    blocks = [flat[i : i + body] for i in range(0, len(flat), body)]
-    return [torch.cat([b.new_tensor([bos]), b]) for b in blocks if len(b) > 1]
+    full = len(flat) // body if body > 1 else 0
+    rows = torch.cat([torch.full((full, 1), bos, dtype=torch.long), flat[: full * body].view(full, body)], 1)
+    streams = list(rows)
+    rest = flat[full * body:] if body > 1 else flat.new_empty(0)
+    if len(rest) > 1:
+        streams.append(torch.cat([rest.new_tensor([bos]), rest]))
+    return streams
 
 
 class LanguageBatches:
