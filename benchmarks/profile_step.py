@@ -1,6 +1,7 @@
 """Where one fairseq training step spends its time on the GPU: wall per update against kernel time per update.
 
     python3 benchmarks/profile_step.py --out OUT/prof [--runs conneau_stock,conneau_ours,...] [--gpus 4]
+        [--train-args="--ddp-backend legacy_ddp"]
 
 Each run is `fairseq_cli.train` (in a child process) with gpu_speed.py's arguments for that run, on its
 synthetic data; updates `--skip`+1 ... `--skip`+`--steps` run under torch.profiler. Prints the synchronised wall
@@ -212,8 +213,8 @@ def profile_one(args):
     name = args.one if world == 1 else f"{args.one}_{world}gpu_rank{rank}"
     profiler = StepProfiler(args.out, name, args.skip, args.steps, rank)
     trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
-    sys.argv = ["fairseq-train", *run_arguments(args.one), *gpu_speed.ddp_arguments(world), "--max-update",
-                str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
+    sys.argv = ["fairseq-train", *run_arguments(args.one), *gpu_speed.ddp_arguments(world), *args.train_args.split(),
+                "--max-update", str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
     train.cli_main()
 
 
@@ -225,6 +226,8 @@ def main():
     parser.add_argument("--skip", type=int, default=60, help="updates before profiling (warm-up, compilation)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--gpus", type=int, default=1, help="fairseq DDP over this many GPUs (torchrun)")
+    parser.add_argument("--train-args", default="", help="more fairseq-train arguments for every run, after the "
+                        "run's own (write --train-args=\"--ddp-backend legacy_ddp\", with the =)")
     args = parser.parse_args()
     if args.one:
         return profile_one(args)
@@ -237,7 +240,7 @@ def main():
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")  # NVLink multicast stays off on the lent machines
     for name in args.runs.split(","):
         child = [*launcher, __file__, "--out", args.out, "--one", name, "--skip", str(args.skip), "--steps",
-                 str(args.steps)]
+                 str(args.steps), f"--train-args={args.train_args}"]
         log_path = os.path.join(args.out, f"{name}.log" if args.gpus == 1 else f"{name}_{args.gpus}gpu.log")
         with open(log_path, "w") as log:
             rc = gpu_speed.run_child(child, log, env)
