@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Is xmlm-eval-mult slow on a GPU by itself, or only beside training (as in the --gpu-pack sweep, where each
-# evaluation took 27-36 s of CPU-bound wall time)? Evaluates one checkpoint alone on the GPU, then again while a
+# Is xmlm-eval-mult slow on a GPU by itself, or only beside training? (In the --gpu-pack sweeps an evaluation took
+# 27-36 s, with as much CPU time as wall time.) Evaluates one checkpoint alone on the GPU, then again while a
 # Dufter BERT-small fairseq-train runs on the same GPU; eval_speed.py prints each step's wall and CPU time.
 #
 #   bash benchmarks/eval_beside_training.sh CHECKPOINT DATA_BIN OUT_DIR

@@ -119,8 +119,9 @@ def run_child(cmd, log_file, env=None, preexec_fn=None, time_limit=None, done=No
     under `timeout N python3 benchmarks/gpu_speed.py | grep ...` a surviving rank keeps the pipe open, and the
     device call then runs into its own limit with nothing sent back. A run still going after `time_limit` seconds
     (a hung rank) is stopped the same way and reported as RUN_TIMED_OUT; the script goes on with the next run.
-    Once `done()` is true (the run logged the end of its training) the run has EXIT_GRACE_S seconds left: compiled
-    runs were seen to hang for 20 s and more on their way out (seventh session and 2026-11-26's first call)."""
+    Once `done()` is true (the run logged the end of its training) the run has EXIT_GRACE_S seconds left: 1-GPU
+    runs, compiled and stock, were seen to hang for 20 s and more on their way out (docs/benchmarks.md, tenth
+    session)."""
     child = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn,
                              start_new_session=True)
     stopped = []  # the signal, once this script is asked to stop

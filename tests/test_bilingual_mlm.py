@@ -15,9 +15,9 @@ from fairseq.data import data_utils, indexed_dataset
 from conftest import REPO
 from fairseq_xmlm.checkpoints import load_checkpoint, safe_torch_load
 from fairseq_xmlm.experiments.conneau import SETTINGS
-from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
 from fairseq_xmlm.models.partially_shared_roberta import PartiallySharedRoberta, PartiallySharedRobertaConfig
 from fairseq_xmlm.tasks.bilingual_mlm import BilingualMLMConfig, BilingualMLMTask, LanguageBatches, cut_streams
+from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
 
 LAYERS = 6
 TINY = ["--encoder-layers", str(LAYERS), "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
