@@ -384,25 +384,25 @@ def section_multigpu(b, synth, gpus):
         raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
     variants = ddp_variants(os.environ.get("BENCH_DDP_VARIANTS", ""))
     kinds = [(name, known[name], updates_for(known[name], u)) for name in names]
-    measured = []  # (kind, n, run name)
+    measured = []  # (kind, n, label); the run's name is "multi_" + label
     for kind, argv, updates in kinds:
         for n in gpus:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
             for suffix, extra in (variants if n > 1 and kind != "stock" else [("", [])]):
-                name = f"multi_{kind}_{n}gpu{suffix}"
-                b.train(name, argv + ddp_arguments(n) + extra, updates, 50, CONNEAU, env=env, gpus=n)
-                measured.append((kind, n, name))
-    for kind, n, name in measured:
+                label = f"{kind}_{n}gpu{suffix}"
+                b.train(f"multi_{label}", argv + ddp_arguments(n) + extra, updates, 50, CONNEAU, env=env, gpus=n)
+                measured.append((kind, n, label))
+    for kind, n, label in measured:
         if n == 1:
             continue
-        key = f"scaling {name[len('multi_'):]} (tokens/s over {n} x 1gpu)"
-        b.ratio(key, name, f"multi_{kind}_1gpu")
+        key = f"scaling {label} (tokens/s over {n} x 1gpu)"
+        b.ratio(key, f"multi_{label}", f"multi_{kind}_1gpu")
         if key in b.results.get("ratios", {}):  # absent when a run failed
             b.results["ratios"][key] /= n
             b.save()
-    for kind, n, name in measured:
+    for kind, n, label in measured:
         if kind != "stock":
-            b.ratio(f"{name[len('multi_'):]} / stock {n}gpu", name, f"multi_stock_{n}gpu")
+            b.ratio(f"{label} / stock {n}gpu", f"multi_{label}", f"multi_stock_{n}gpu")
 
 
 def section_alone(b, fake_data, updates):

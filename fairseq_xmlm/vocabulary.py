@@ -45,12 +45,23 @@ def load_split_sentences(data_dir, split, lang, dictionary):
     # an MMapIndexedDataset keeps its items back to back, in order, in one memory-mapped buffer
     flat = torch.from_numpy(np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype,
                                           count=int(sizes.sum())).astype(np.int64))
-    last = np.cumsum(sizes) - 1
+    last, nonempty = np.cumsum(sizes) - 1, sizes > 0
     ends_in_eos = np.zeros(len(sizes), dtype=bool)
-    ends_in_eos[sizes > 0] = (flat[last[sizes > 0]] == dictionary.eos()).numpy()
+    ends_in_eos[nonempty] = (flat[last[nonempty]] == dictionary.eos()).numpy()
     keep = torch.ones(len(flat), dtype=torch.bool)
     keep[last[ends_in_eos]] = False
     flat = flat[keep]
     if len(flat) and int(flat.max()) >= len(dictionary):
         raise XmlmError(f"{prefix} holds ids beyond its dictionary of {len(dictionary)} symbols: wrong dict.txt?")
     return list(flat.split((sizes - ends_in_eos).tolist()))
+
+
+def join_sentences(sentences, separator):
+    """One 1-D tensor: every sentence followed by `separator`, built without a per-sentence loop over tensors."""
+    lengths = torch.tensor([len(s) for s in sentences], dtype=torch.long) + 1
+    flat = torch.full((int(lengths.sum()),), separator, dtype=torch.long)
+    is_token = torch.ones(len(flat), dtype=torch.bool)
+    is_token[torch.cumsum(lengths, 0) - 1] = False
+    if len(sentences):
+        flat[is_token] = torch.cat(sentences).long()
+    return flat

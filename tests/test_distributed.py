@@ -27,6 +27,7 @@ def train_inner_fields(log):
 def train_two_ranks(data, save_dir, *options, updates=6):
     """fairseq-train as two CPU ranks over gloo with legacy_ddp; returns both ranks' logs."""
     init = f"tcp://127.0.0.1:{free_port()}"
+    save_dir.mkdir(parents=True, exist_ok=True)
     processes = []
     for rank in (0, 1):
         command = [
@@ -38,7 +39,6 @@ def train_two_ranks(data, save_dir, *options, updates=6):
             "--distributed-no-spawn", "--save-dir", str(save_dir / f"rank{rank}"), "--no-epoch-checkpoints",
             "--disable-validation", "--log-format", "simple", "--log-interval", "1", "--seed", "1", *options,
         ]
-        save_dir.mkdir(parents=True, exist_ok=True)
         with open(save_dir / f"rank{rank}.log", "w") as out:  # files, not pipes: a full pipe would stall its rank
             processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                               env={**os.environ, "PYTHONUNBUFFERED": "1"}))

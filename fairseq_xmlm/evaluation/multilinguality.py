@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.vocabulary import join_sentences
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -439,8 +440,7 @@ def word_symbols(task, lang):
             WORD_START)
     ends_word = starts_word.clone()
     ends_word[-1] = True
-    end = torch.tensor([len(dictionary)])
-    stream = torch.cat([torch.cat([ids, end]) for ids in task.load_split_sentences("train", lang)])
+    stream = join_sentences(task.load_split_sentences("train", lang), separator=len(dictionary))
     whole_words = stream[:-1][starts_word[stream[:-1]] & ends_word[stream[1:]]].unique().tolist()
     symbols = {piece_text(task, lang, piece_id)[len(WORD_START):]: piece_id for piece_id in whole_words}
     symbols.pop("", None)  # a lone `▁` (before punctuation, digits ...) is no word

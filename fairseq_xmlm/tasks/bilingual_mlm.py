@@ -24,7 +24,8 @@ from fairseq_xmlm.tasks._shared_dictionary import SharedDictionaryTask
 from fairseq_xmlm.data.mlm_dataset import MaskedLanguageDataset
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.masking import Masker, candidate_table, parse_replacement_probs
-from fairseq_xmlm.vocabulary import add_mask_symbol, load_data_dictionary, load_split_sentences, real_symbol_ids
+from fairseq_xmlm.vocabulary import (add_mask_symbol, join_sentences, load_data_dictionary, load_split_sentences,
+                                     real_symbol_ids)
 
 logger = logging.getLogger(__name__)
 
@@ -58,17 +59,14 @@ def cut_streams(sentences, eos, bos, tokens_per_sample):
     """Concatenate sentences (each closed by </s>) and cut the stream into blocks of `<s>` + tokens_per_sample-1
     (a last block of a single token is dropped). Built with whole-tensor operations: views of one (blocks, T)
     tensor, the last block apart."""
-    lengths = torch.tensor([len(s) for s in sentences], dtype=torch.long) + 1
-    flat = torch.full((int(lengths.sum()),), eos, dtype=torch.long)
-    is_token = torch.ones(len(flat), dtype=torch.bool)
-    is_token[torch.cumsum(lengths, 0) - 1] = False
-    if len(sentences):
-        flat[is_token] = torch.cat(sentences).long()
     body = tokens_per_sample - 1
-    full = len(flat) // body if body > 1 else 0
+    if body < 2:  # every block would hold one token or none
+        return []
+    flat = join_sentences(sentences, eos)
+    full = len(flat) // body
     rows = torch.cat([torch.full((full, 1), bos, dtype=torch.long), flat[: full * body].view(full, body)], 1)
     streams = list(rows)
-    rest = flat[full * body:] if body > 1 else flat.new_empty(0)
+    rest = flat[full * body:]
     if len(rest) > 1:
         streams.append(torch.cat([rest.new_tensor([bos]), rest]))
     return streams
