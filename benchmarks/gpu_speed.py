@@ -28,6 +28,7 @@ everything that started, then exits.
 import argparse
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -178,6 +179,12 @@ def train_command(argv, updates, interval):
             str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
 
 
+def log_file_name(run):
+    """A run's log file: its name with only letters, digits, "_", "-" and "." (the device machine does not send back
+    files whose names hold "+" or "=", as the DDP variants' names do)."""
+    return re.sub(r"[^\w.-]", "_", run) + ".log"
+
+
 class Bench:
     def __init__(self, out):
         self.out = out
@@ -199,7 +206,7 @@ class Bench:
     def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1):
         """One fairseq-train run; records mean wps / ups over the intervals after the first."""
         cmd = train_command(argv, updates, interval)
-        path = os.path.join(self.logs, f"{name}.log")
+        path = os.path.join(self.logs, log_file_name(name))
         started = time.perf_counter()
         with open(path, "w") as f:
             f.write(" ".join(cmd) + "\n")

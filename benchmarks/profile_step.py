@@ -8,7 +8,7 @@ synthetic data; updates `--skip`+1 ... `--skip`+`--steps` run under torch.profil
 per update, the summed kernel time per update by kind of kernel (matrix products, attention, layer norm, ...), and
 the rest (the GPU waiting on the host); writes OUT/<run>.json with those figures and the top kernels,
 OUT/<run>.txt with the profiler's operator tables (by GPU time, then by host time) and OUT/<run>.log with fairseq's
-output.
+output; with `--trace`, also OUT/<run>.trace.json.gz, the profiled updates' timeline (chrome://tracing, Perfetto).
 
 With `--gpus N` (N > 1) the run is fairseq's DDP over N GPUs, one process per GPU started by torchrun; every rank
 profiles itself (OUT/<run>_<N>gpu_rank<r>.json), rank 0 prints. The all-reduce kernels run on NCCL's own stream
@@ -16,8 +16,10 @@ beside the backward's: the report gives their time and the part of it no compute
 the extra GPUs add to an update.
 """
 import argparse
+import gzip
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -119,8 +121,8 @@ def idle_by_phase(events):
 class StepProfiler:
     """Wraps Trainer.train_step: profiles `steps` updates after `skip`, then writes the report."""
 
-    def __init__(self, out, name, skip, steps, rank=0):
-        self.out, self.name, self.skip, self.steps, self.rank = out, name, skip, steps, rank
+    def __init__(self, out, name, skip, steps, rank=0, trace=False):
+        self.out, self.name, self.skip, self.steps, self.rank, self.trace = out, name, skip, steps, rank, trace
         self.calls = 0
         self.profiler = None
 
@@ -173,6 +175,12 @@ class StepProfiler:
         with open(os.path.join(self.out, f"{self.name}.txt"), "w") as f:
             f.write(averages.table(sort_by="self_cuda_time_total", row_limit=60))
             f.write("\n" + averages.table(sort_by="cpu_time_total", row_limit=60))
+        if self.trace:
+            trace_path = os.path.join(self.out, f"{self.name}.trace.json")
+            self.profiler.export_chrome_trace(trace_path)
+            with open(trace_path, "rb") as raw, gzip.open(trace_path + ".gz", "wb") as packed:
+                shutil.copyfileobj(raw, packed)
+            os.remove(trace_path)
         if self.rank:
             return
         print(f"[profile] {self.name}: {step_ms:.2f} ms/update wall (profiled), {busy_ms:.2f} ms of compute kernels, "
@@ -211,7 +219,7 @@ def profile_one(args):
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     name = args.one if world == 1 else f"{args.one}_{world}gpu_rank{rank}"
-    profiler = StepProfiler(args.out, name, args.skip, args.steps, rank)
+    profiler = StepProfiler(args.out, name, args.skip, args.steps, rank, args.trace)
     trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
     sys.argv = ["fairseq-train", *run_arguments(args.one), *gpu_speed.ddp_arguments(world), *args.train_args.split(),
                 "--max-update", str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
@@ -225,6 +233,7 @@ def main():
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: profile this run
     parser.add_argument("--skip", type=int, default=60, help="updates before profiling (warm-up, compilation)")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--trace", action="store_true", help="also write each profile's timeline (.trace.json.gz)")
     parser.add_argument("--gpus", type=int, default=1, help="fairseq DDP over this many GPUs (torchrun)")
     parser.add_argument("--train-args", default="", help="more fairseq-train arguments for every run, after the "
                         "run's own (write --train-args=\"--ddp-backend legacy_ddp\", with the =)")
@@ -237,10 +246,11 @@ def main():
     gpu_speed.write_synthetic(gpu_speed.SYNTH_DIR)  # before torchrun's ranks start reading it
     launcher = [sys.executable] if args.gpus == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus)]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")  # NVLink multicast stays off on the lent machines
+    # NVLink multicast stays off on the lent machines; fairseq-train takes every visible GPU, so show it --gpus
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", CUDA_VISIBLE_DEVICES=",".join(map(str, range(args.gpus))))
     for name in args.runs.split(","):
         child = [*launcher, __file__, "--out", args.out, "--one", name, "--skip", str(args.skip), "--steps",
-                 str(args.steps), f"--train-args={args.train_args}"]
+                 str(args.steps), f"--train-args={args.train_args}", *(["--trace"] if args.trace else [])]
         log_path = os.path.join(args.out, f"{name}.log" if args.gpus == 1 else f"{name}_{args.gpus}gpu.log")
         with open(log_path, "w") as log:
             rc = gpu_speed.run_child(child, log, env)

@@ -84,3 +84,5 @@ def test_ddp_variants_name_each_run_by_its_arguments():
     assert gpu_speed.ddp_variants("--ddp-backend legacy_ddp; --gradient-as-bucket-view") == [
         ("+ddp-backend=legacy_ddp", ["--ddp-backend", "legacy_ddp"]),
         ("+gradient-as-bucket-view", ["--gradient-as-bucket-view"])]
+    assert (gpu_speed.log_file_name("multi_ours_4gpu+ddp-backend=legacy_ddp")
+            == "multi_ours_4gpu_ddp-backend_legacy_ddp.log")

@@ -139,10 +139,13 @@ class XmlmAdamW(FairseqOptimizer):
             self.master.gather_gradients()
 
     def all_reduce_grads(self, module):
-        """fairseq's trainer calls this once per update, before any other gradient entry point."""
+        """fairseq's trainer calls this once per update, before any other gradient entry point; our tasks may call it
+        earlier (`start_gradient_all_reduce`). Inside legacy_ddp's no_sync (a micro-batch of --update-freq before
+        the last) the gradients are still being summed and are left alone."""
         wrapper = module.module if isinstance(module, ModuleProxyWrapper) else module  # how fairseq wraps legacy_ddp
         if self.master is not None and isinstance(wrapper, LegacyDistributedDataParallel):
-            self.master.gather_gradients(wrapper.process_group)
+            if not wrapper.accumulate_grads:
+                self.master.gather_gradients(wrapper.process_group)
         else:  # one process, or torch's DDP, which reduced the gradients during backward
             super().all_reduce_grads(module)
 
@@ -165,3 +168,14 @@ class XmlmAdamW(FairseqOptimizer):
             super().zero_grad()
         else:  # master.grad is overwritten by the next gather, not freed
             self.master.zero_grad()
+
+
+def start_gradient_all_reduce(optimizer, module):
+    """Our tasks call this right after backward. fairseq's trainer all-reduces the gradients only after it has
+    all-reduced the update's logged values, which first waits on the host for the whole backward to finish; queued
+    here, the gradients' all-reduce follows the backward directly on the GPU. Only xmlm_adamw's flat gradient
+    (--memory-efficient-fp16) is reduced this early: it is reduced once per update, so the trainer's own call does
+    nothing, where fairseq's legacy wrapper would reduce a second time."""
+    inner = getattr(optimizer, "wrapped_optimizer", None)  # MemoryEfficientFP16Optimizer's
+    if isinstance(inner, XmlmAdamW) and inner.master is not None:
+        inner.all_reduce_grads(module)

@@ -1,5 +1,8 @@
-"""What every task of this plugin shares: one dictionary serves as source and target (masked LM, classification)."""
+"""What every task of this plugin shares: one dictionary serves as source and target (masked LM, classification),
+and the gradients' all-reduce starts as soon as backward has made them (`start_gradient_all_reduce`)."""
 from fairseq.tasks import FairseqTask
+
+from fairseq_xmlm.optim.xmlm_adamw import start_gradient_all_reduce
 
 
 class SharedDictionaryTask(FairseqTask):
@@ -10,3 +13,8 @@ class SharedDictionaryTask(FairseqTask):
     @property
     def target_dictionary(self):
         return self.dictionary
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        result = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        start_gradient_all_reduce(optimizer, model)
+        return result
