@@ -1,5 +1,6 @@
 """What every task of this plugin shares: one dictionary serves as source and target (masked LM, classification),
-and the gradients' all-reduce starts as soon as backward has made them (`start_gradient_all_reduce`)."""
+and under legacy_ddp xmlm_adamw's flat gradient starts its all-reduce as soon as backward has made it
+(`start_gradient_all_reduce`)."""
 from fairseq.tasks import FairseqTask
 
 from fairseq_xmlm.optim.xmlm_adamw import start_gradient_all_reduce
