@@ -15,7 +15,8 @@ and compilation) and updates/s its `ups`. Sections:
 - strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
               within-language random words (Conneau config, Bible en-fr).
 - multigpu:   fairseq's own DDP over NCCL on 1, 2, ... GPUs (--gpus), Conneau config, batch 96 per GPU:
-              our variants (BENCH_MULTIGPU_KINDS; default flat master weights) and stock,
+              our variants (BENCH_MULTIGPU_KINDS; default flat master weights; BENCH_BEFORE adds an earlier
+              tree's) and stock, each kind as often as named there,
               scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
 - alone:      Dufter's small run and BERT-base ("overparam") alone, updates/s.
 - pack:       Dufter's small run packed N at a time on one GPU (fairseq_xmlm.gpu_pack): wall time, aggregate
@@ -379,36 +380,52 @@ def ddp_variants(text):
     return variants
 
 
+def multigpu_runs(names, gpus, variants):
+    """The multigpu section's runs in order, as (kind, repeat, GPUs, label, extra arguments): each kind on each GPU
+    count, our kinds on more than one GPU once per DDP variant. A kind named again (to alternate runs within one
+    call) is its repeat 2, 3, ..., labelled "_run2", "_run3", ...; its scaling is taken over its own 1-GPU run."""
+    runs, seen = [], {}
+    for kind in names:
+        repeat = seen[kind] = seen.get(kind, 0) + 1
+        for n in gpus:
+            for suffix, extra in (variants if n > 1 and kind != "stock" else [("", [])]):
+                label = f"{kind}_{n}gpu{suffix}" + (f"_run{repeat}" if repeat > 1 else "")
+                runs.append((kind, repeat, n, label, extra))
+    return runs
+
+
 def section_multigpu(b, synth, gpus):
     """BENCH_MULTIGPU_KINDS (default "fp16_flat_master,stock"), run in that order: "stock" and any of our
-    `single_variants` (e.g. fp16_flat_master_cudagraphs_cudnn). Each of our kinds runs on more than one GPU once per
-    set of BENCH_DDP_VARIANTS (`ddp_variants`; default one run with fairseq's default, pytorch_ddp)."""
+    `single_variants` (e.g. fp16_flat_master_cudagraphs_cudnn); with BENCH_BEFORE=DIR also "before_<variant>", the
+    fairseq_xmlm package in DIR. A kind may be named more than once (`multigpu_runs`). Each of our kinds runs on more
+    than one GPU once per set of BENCH_DDP_VARIANTS (`ddp_variants`; default one run with fairseq's default,
+    pytorch_ddp)."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     known = {"stock": stock_args(synth, CONNEAU) + ["--fp16"],
              **{name: ours_args(synth, CONNEAU) + extra for name, extra in single_variants().items()}}
+    before = os.environ.get("BENCH_BEFORE")
+    if before:
+        old = single_variants(os.path.join(os.path.abspath(before), "fairseq_xmlm"))
+        known.update({f"before_{name}": ours_args(synth, CONNEAU) + extra for name, extra in old.items()})
     names = os.environ.get("BENCH_MULTIGPU_KINDS", "fp16_flat_master,stock").split(",")
     if not set(names) <= set(known):
         raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
-    variants = ddp_variants(os.environ.get("BENCH_DDP_VARIANTS", ""))
-    kinds = [(name, known[name], updates_for(known[name], u)) for name in names]
-    measured = []  # (kind, n, label); the run's name is "multi_" + label
-    for kind, argv, updates in kinds:
-        for n in gpus:
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
-            for suffix, extra in (variants if n > 1 and kind != "stock" else [("", [])]):
-                label = f"{kind}_{n}gpu{suffix}"
-                b.train(f"multi_{label}", argv + ddp_arguments(n) + extra, updates, 50, CONNEAU, env=env, gpus=n)
-                measured.append((kind, n, label))
-    for kind, n, label in measured:
+    runs = multigpu_runs(names, gpus, ddp_variants(os.environ.get("BENCH_DDP_VARIANTS", "")))
+    for kind, _, n, label, extra in runs:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
+        argv = known[kind] + ddp_arguments(n) + extra
+        b.train(f"multi_{label}", argv, updates_for(known[kind], u), 50, CONNEAU, env=env, gpus=n)
+    one_gpu = {(kind, repeat): label for kind, repeat, n, label, _ in runs if n == 1}
+    for kind, repeat, n, label, _ in runs:
         if n == 1:
             continue
         key = f"scaling {label} (tokens/s over {n} x 1gpu)"
-        b.ratio(key, f"multi_{label}", f"multi_{kind}_1gpu")
+        b.ratio(key, f"multi_{label}", f"multi_{one_gpu[kind, repeat]}")
         if key in b.results.get("ratios", {}):  # absent when a run failed
             b.results["ratios"][key] /= n
             b.save()
-    for kind, n, label in measured:
-        if kind != "stock":
+    for kind, _, n, label, _ in runs:
+        if kind != "stock":  # against stock's first run on as many GPUs
             b.ratio(f"{label} / stock {n}gpu", f"multi_{label}", f"multi_stock_{n}gpu")
 
 

@@ -86,3 +86,14 @@ def test_ddp_variants_name_each_run_by_its_arguments():
         ("+gradient-as-bucket-view", ["--gradient-as-bucket-view"])]
     assert (gpu_speed.log_file_name("multi_ours_4gpu+ddp-backend=legacy_ddp")
             == "multi_ours_4gpu_ddp-backend_legacy_ddp.log")
+
+
+def test_multigpu_runs_alternate_kinds_named_again_under_their_own_labels():
+    legacy = gpu_speed.ddp_variants("--ddp-backend legacy_ddp")
+    runs = gpu_speed.multigpu_runs(["ours", "stock", "before_ours", "ours"], [1, 4], legacy)
+    assert [(kind, repeat, n, label) for kind, repeat, n, label, _ in runs] == [
+        ("ours", 1, 1, "ours_1gpu"), ("ours", 1, 4, "ours_4gpu+ddp-backend=legacy_ddp"),
+        ("stock", 1, 1, "stock_1gpu"), ("stock", 1, 4, "stock_4gpu"),
+        ("before_ours", 1, 1, "before_ours_1gpu"), ("before_ours", 1, 4, "before_ours_4gpu+ddp-backend=legacy_ddp"),
+        ("ours", 2, 1, "ours_1gpu_run2"), ("ours", 2, 4, "ours_4gpu+ddp-backend=legacy_ddp_run2")]
+    assert runs[1][4] == ["--ddp-backend", "legacy_ddp"] and runs[3][4] == []  # stock keeps fairseq's default DDP
