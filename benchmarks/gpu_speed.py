@@ -417,7 +417,7 @@ def section_multigpu(b, synth, gpus):
         b.train(f"multi_{label}", argv, updates_for(known[kind], u), 50, CONNEAU, env=env, gpus=n)
     one_gpu = {(kind, repeat): label for kind, repeat, n, label, _ in runs if n == 1}
     for kind, repeat, n, label, _ in runs:
-        if n == 1:
+        if n == 1 or (kind, repeat) not in one_gpu:  # --gpus without 1: no scaling
             continue
         key = f"scaling {label} (tokens/s over {n} x 1gpu)"
         b.ratio(key, f"multi_{label}", f"multi_{one_gpu[kind, repeat]}")
