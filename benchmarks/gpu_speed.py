@@ -309,6 +309,16 @@ def single_variants(user_dir="fairseq_xmlm"):
             "bf16": swap(OURS)}
 
 
+def before_variants():
+    """BENCH_BEFORE=DIR: `single_variants` of the fairseq_xmlm package in DIR (e.g. `git archive` of an earlier
+    commit), named "before_<variant>"; none when it is not set."""
+    before = os.environ.get("BENCH_BEFORE")
+    if not before:
+        return {}
+    old = single_variants(os.path.join(os.path.abspath(before), "fairseq_xmlm"))
+    return {f"before_{name}": argv for name, argv in old.items()}
+
+
 def section_single(b, synth):
     """Stock in fp16 (and fp32 for BERT-small), then our variants (`single_variants`) named in BENCH_VARIANTS
     (default: all but bf16). BENCH_BEFORE=DIR also runs the fairseq_xmlm package in DIR (e.g. `git archive` of an
@@ -317,15 +327,13 @@ def section_single(b, synth):
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     known = single_variants()
     names = os.environ.get("BENCH_VARIANTS", ",".join(name for name in known if name != "bf16")).split(",")
-    before = os.environ.get("BENCH_BEFORE")
+    before = before_variants()
     before_names = os.environ.get("BENCH_BEFORE_VARIANTS", "fp16_flat_master").split(",") if before else []
     unknown = sorted(set(names + before_names) - set(known))
     if unknown:
         raise SystemExit(f"gpu_speed: unknown variants {unknown}; BENCH_VARIANTS may hold {', '.join(known)}")
     runs = [(name, known[name]) for name in names]
-    if before:
-        old = single_variants(os.path.join(os.path.abspath(before), "fairseq_xmlm"))
-        runs += [(f"before_{name}", old[name]) for name in before_names]
+    runs += [(f"before_{name}", before[f"before_{name}"]) for name in before_names]
     models = os.environ.get("BENCH_MODELS", "conneau,bertsmall").split(",")
     for prefix, model, stocks in (("conneau", CONNEAU, ["fp16"]), ("bertsmall", BERT_SMALL, ["fp32", "fp16"])):
         if prefix not in models:
@@ -402,11 +410,8 @@ def section_multigpu(b, synth, gpus):
     pytorch_ddp)."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     known = {"stock": stock_args(synth, CONNEAU) + ["--fp16"],
-             **{name: ours_args(synth, CONNEAU) + extra for name, extra in single_variants().items()}}
-    before = os.environ.get("BENCH_BEFORE")
-    if before:
-        old = single_variants(os.path.join(os.path.abspath(before), "fairseq_xmlm"))
-        known.update({f"before_{name}": ours_args(synth, CONNEAU) + extra for name, extra in old.items()})
+             **{name: ours_args(synth, CONNEAU) + extra
+                for name, extra in {**single_variants(), **before_variants()}.items()}}
     names = os.environ.get("BENCH_MULTIGPU_KINDS", "fp16_flat_master,stock").split(",")
     if not set(names) <= set(known):
         raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
