@@ -175,9 +175,16 @@ def _out_of_files(log_path):
         return "Too many open files" in f.read()
 
 
-def train_command(argv, updates, interval):
-    return [sys.executable, "-m", "fairseq_cli.train", *argv, "--max-update", str(updates), "--log-interval",
+def train_command(argv, updates, interval, launcher=(sys.executable,)):
+    return [*launcher, "-m", "fairseq_cli.train", *argv, "--max-update", str(updates), "--log-interval",
             str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
+
+
+def torchrun_launcher(gpus, options):
+    """torchrun with `options` (e.g. "--numa-binding exclusive": each rank's threads on CPUs of its own, near its
+    GPU), one process per GPU, in place of fairseq's own spawn; fairseq reads the ranks from torchrun's env."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
+            *options.split()]
 
 
 def log_file_name(run):
@@ -204,9 +211,10 @@ class Bench:
             json.dump(self.results, f, indent=1)
         os.replace(tmp, os.path.join(self.out, "summary.json"))
 
-    def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1):
+    def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1,
+              launcher=(sys.executable,)):
         """One fairseq-train run; records mean wps / ups over the intervals after the first."""
-        cmd = train_command(argv, updates, interval)
+        cmd = train_command(argv, updates, interval, launcher)
         path = os.path.join(self.logs, log_file_name(name))
         started = time.perf_counter()
         with open(path, "w") as f:
@@ -407,8 +415,10 @@ def section_multigpu(b, synth, gpus):
     `single_variants` (e.g. fp16_flat_master_cudagraphs_cudnn); with BENCH_BEFORE=DIR also "before_<variant>", the
     fairseq_xmlm package in DIR. A kind may be named more than once (`multigpu_runs`). Each of our kinds runs on more
     than one GPU once per set of BENCH_DDP_VARIANTS (`ddp_variants`; default one run with fairseq's default,
-    pytorch_ddp)."""
+    pytorch_ddp). BENCH_TORCHRUN="OPTIONS" launches every run of the section, one GPU included, with
+    `torchrun OPTIONS` (`torchrun_launcher`), e.g. "--numa-binding exclusive"."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
+    torchrun = os.environ.get("BENCH_TORCHRUN")
     known = {"stock": stock_args(synth, CONNEAU) + ["--fp16"],
              **{name: ours_args(synth, CONNEAU) + extra
                 for name, extra in {**single_variants(), **before_variants()}.items()}}
@@ -419,7 +429,8 @@ def section_multigpu(b, synth, gpus):
     for kind, _, n, label, extra in runs:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
         argv = known[kind] + ddp_arguments(n) + extra
-        b.train(f"multi_{label}", argv, updates_for(known[kind], u), 50, CONNEAU, env=env, gpus=n)
+        launcher = torchrun_launcher(n, torchrun) if torchrun is not None else (sys.executable,)
+        b.train(f"multi_{label}", argv, updates_for(known[kind], u), 50, CONNEAU, env=env, gpus=n, launcher=launcher)
     one_gpu = {(kind, repeat): label for kind, repeat, n, label, _ in runs if n == 1}
     for kind, repeat, n, label, _ in runs:
         if n == 1 or (kind, repeat) not in one_gpu:  # --gpus without 1: no scaling

@@ -57,7 +57,7 @@ def test_a_run_that_hangs_after_training_is_stopped_soon_after_and_counted(tmp_p
                       "time.sleep(60)\n")
     bench = gpu_speed.Bench(str(tmp_path))
     bench.run_seconds = 50
-    monkeypatch.setattr(gpu_speed, "train_command", lambda argv, updates, interval: [sys.executable, str(script)])
+    monkeypatch.setattr(gpu_speed, "train_command", lambda argv, updates, interval, launcher: [sys.executable, str(script)])
     started = time.monotonic()
     result = bench.train("hangs", [], updates=2, interval=1)
     assert time.monotonic() - started < 20
@@ -97,3 +97,14 @@ def test_multigpu_runs_alternate_kinds_named_again_under_their_own_labels():
         ("before_ours", 1, 1, "before_ours_1gpu"), ("before_ours", 1, 4, "before_ours_4gpu+ddp-backend=legacy_ddp"),
         ("ours", 2, 1, "ours_1gpu_run2"), ("ours", 2, 4, "ours_4gpu+ddp-backend=legacy_ddp_run2")]
     assert runs[1][4] == ["--ddp-backend", "legacy_ddp"] and runs[3][4] == []  # stock keeps fairseq's default DDP
+
+
+def test_torchrun_launches_fairseq_train_one_process_per_gpu_with_the_options_given():
+    """BENCH_TORCHRUN's command, read back by torchrun's own parser (a misspelt option would fail here)."""
+    from torch.distributed.run import get_args_parser
+    command = gpu_speed.train_command(["data", "--fp16"], 200, 50,
+                                      gpu_speed.torchrun_launcher(4, "--numa-binding exclusive"))
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    args = get_args_parser().parse_args(command[3:])
+    assert (args.standalone, args.nproc_per_node, args.numa_binding, args.module) == (True, "4", "exclusive", True)
+    assert args.training_script == "fairseq_cli.train" and args.training_script_args[:2] == ["data", "--fp16"]
