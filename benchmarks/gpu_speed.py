@@ -16,8 +16,8 @@ and compilation) and updates/s its `ups`. Sections:
               within-language random words (Conneau config, Bible en-fr).
 - multigpu:   fairseq's own DDP over NCCL on 1, 2, ... GPUs (--gpus), Conneau config, batch 96 per GPU:
               our variants (BENCH_MULTIGPU_KINDS; default flat master weights; BENCH_BEFORE adds an earlier
-              tree's) and stock, each kind as often as named there,
-              scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
+              tree's) and stock, each kind as often as named there, launched by fairseq's spawn or by torchrun
+              (BENCH_TORCHRUN="--numa-binding exclusive"), scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
 - alone:      Dufter's small run and BERT-base ("overparam") alone, updates/s.
 - pack:       Dufter's small run packed N at a time on one GPU (fairseq_xmlm.gpu_pack): wall time, aggregate
               updates/s (start-up included, as in a real sweep).
