@@ -1,10 +1,12 @@
-"""benchmarks/gpu_speed.py's child processes: a benchmark stopped by `timeout`, or a run past its time limit, takes
-its fairseq-train run (and whatever that started) down with it."""
+"""benchmarks/gpu_speed.py on the CPU: a benchmark stopped by `timeout`, or a run past its time limit, takes its
+fairseq-train run (and whatever that started) down with it; the multigpu section's runs, names and launch commands."""
 import os
 import signal
 import subprocess
 import sys
 import time
+
+from torch.distributed.run import get_args_parser
 
 BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
 sys.path.insert(0, BENCHMARKS)
@@ -57,7 +59,8 @@ def test_a_run_that_hangs_after_training_is_stopped_soon_after_and_counted(tmp_p
                       "time.sleep(60)\n")
     bench = gpu_speed.Bench(str(tmp_path))
     bench.run_seconds = 50
-    monkeypatch.setattr(gpu_speed, "train_command", lambda argv, updates, interval, launcher: [sys.executable, str(script)])
+    monkeypatch.setattr(gpu_speed, "train_command",
+                        lambda argv, updates, interval, launcher: [sys.executable, str(script)])
     started = time.monotonic()
     result = bench.train("hangs", [], updates=2, interval=1)
     assert time.monotonic() - started < 20
@@ -101,7 +104,6 @@ def test_multigpu_runs_alternate_kinds_named_again_under_their_own_labels():
 
 def test_torchrun_launches_fairseq_train_one_process_per_gpu_with_the_options_given():
     """BENCH_TORCHRUN's command, read back by torchrun's own parser (a misspelt option would fail here)."""
-    from torch.distributed.run import get_args_parser
     command = gpu_speed.train_command(["data", "--fp16"], 200, 50,
                                       gpu_speed.torchrun_launcher(4, "--numa-binding exclusive"))
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
