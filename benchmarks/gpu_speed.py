@@ -175,7 +175,10 @@ def _out_of_files(log_path):
         return "Too many open files" in f.read()
 
 
-def train_command(argv, updates, interval, launcher=(sys.executable,)):
+PYTHON = (sys.executable,)  # a run's launcher by default: fairseq-train in this Python, spawning its own DDP ranks
+
+
+def train_command(argv, updates, interval, launcher=PYTHON):
     return [*launcher, "-m", "fairseq_cli.train", *argv, "--max-update", str(updates), "--log-interval",
             str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
 
@@ -212,7 +215,7 @@ class Bench:
         os.replace(tmp, os.path.join(self.out, "summary.json"))
 
     def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1,
-              launcher=(sys.executable,)):
+              launcher=PYTHON):
         """One fairseq-train run; records mean wps / ups over the intervals after the first."""
         cmd = train_command(argv, updates, interval, launcher)
         path = os.path.join(self.logs, log_file_name(name))
@@ -429,7 +432,7 @@ def section_multigpu(b, synth, gpus):
     for kind, _, n, label, extra in runs:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
         argv = known[kind] + ddp_arguments(n) + extra
-        launcher = torchrun_launcher(n, torchrun) if torchrun is not None else (sys.executable,)
+        launcher = torchrun_launcher(n, torchrun) if torchrun is not None else PYTHON
         b.train(f"multi_{label}", argv, updates_for(known[kind], u), 50, CONNEAU, env=env, gpus=n, launcher=launcher)
     one_gpu = {(kind, repeat): label for kind, repeat, n, label, _ in runs if n == 1}
     for kind, repeat, n, label, _ in runs:

@@ -244,8 +244,7 @@ def main():
         run_arguments(name)  # unknown names fail before anything runs
     os.makedirs(args.out, exist_ok=True)
     gpu_speed.write_synthetic(gpu_speed.SYNTH_DIR)  # before torchrun's ranks start reading it
-    launcher = [sys.executable] if args.gpus == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus)]
+    launcher = gpu_speed.PYTHON if args.gpus == 1 else gpu_speed.torchrun_launcher(args.gpus, "")
     # NVLink multicast stays off on the lent machines; fairseq-train takes every visible GPU, so show it --gpus
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", CUDA_VISIBLE_DEVICES=",".join(map(str, range(args.gpus))))
     for name in args.runs.split(","):
