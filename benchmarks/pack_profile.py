@@ -35,7 +35,7 @@ def profile_group(group, schedules, args, device):
 
     steps = iter(range(10 ** 9))
 
-    def step():  # every run on its own seed's batch; returns the step's tokens
+    def step():  # every run on its own seed's batch; returns the step's real tokens, summed over the runs
         at = next(steps) % len(schedules[0])
         return group.step([schedule[at] for schedule in schedules])[2][-1]
 
@@ -65,7 +65,7 @@ def profile_group(group, schedules, args, device):
     n = len(schedules)
     result = {
         "stacked": n, "warmup_s": round(warmup_s, 1), "ms_per_step": round(1e3 * wall / args.steps, 2),
-        "run_updates_per_s": round(n * args.steps / wall, 1), "tokens_per_s": round(n * tokens / wall),
+        "run_updates_per_s": round(n * args.steps / wall, 1), "tokens_per_s": round(tokens / wall),
         "profiled_ms_per_step": round(1e3 * profiled_wall / args.profile_steps, 2),
         "kernel_ms_per_step": round(profile_step.stream_times(events)[0] / 1e3 / args.profile_steps, 2),
         "kernel_ms_per_step_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},

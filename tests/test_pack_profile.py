@@ -1,0 +1,28 @@
+"""benchmarks/pack_profile.py's rates, on the CPU with a stand-in group: a step's batch already sums its tokens over
+the stacked runs, so tokens/s counts each token once (it once counted them once per run)."""
+import os
+import sys
+import time
+from argparse import Namespace
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import pack_profile  # noqa: E402
+
+
+class TwoRunGroup:
+    """PackedGroup's step interface: the batch's last field is its real tokens, summed over the runs."""
+
+    def step(self, batches):
+        time.sleep(0.01)
+        return None, None, (sum(batches),)
+
+
+def test_tokens_per_second_counts_each_token_once():
+    schedules = [[10, 20], [30, 40]]  # run 0's and run 1's batch sizes, in tokens: 40 + 60 over two steps
+    args = Namespace(warmup=0, steps=2, profile_steps=1)
+    result, _ = pack_profile.profile_group(TwoRunGroup(), schedules, args, torch.device("cpu"))
+    assert result["stacked"] == 2
+    # 100 tokens in the time of 4 run-updates
+    assert abs(result["tokens_per_s"] / result["run_updates_per_s"] - 100 / 4) < 0.5
