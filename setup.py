@@ -17,6 +17,7 @@ setup(
             "xmlm-genre = fairseq_xmlm.zeroshot.genre:main",
             "xmlm-untrained = fairseq_xmlm.untrained:main",
             "xmlm-zeroshot = fairseq_xmlm.zeroshot.run:main",
+            "xmlm-train = fairseq_xmlm.train:cli_main",
         ],
     },
 )

@@ -178,8 +178,16 @@ def _out_of_files(log_path):
 PYTHON = (sys.executable,)  # a run's launcher by default: fairseq-train in this Python, spawning its own DDP ranks
 
 
-def train_command(argv, updates, interval, launcher=PYTHON):
-    return [*launcher, "-m", "fairseq_cli.train", *argv, "--max-update", str(updates), "--log-interval",
+XMLM_TRAIN = "_xmlm_train"  # a variant named so runs `-m fairseq_xmlm.train` (xmlm-train: XmlmTrainer)
+
+
+def entry_module(variant):
+    """The module a variant's runs start: fairseq-train's, or xmlm-train's for the `XMLM_TRAIN` variants."""
+    return "fairseq_xmlm.train" if variant.endswith(XMLM_TRAIN) else "fairseq_cli.train"
+
+
+def train_command(argv, updates, interval, launcher=PYTHON, module="fairseq_cli.train"):
+    return [*launcher, "-m", module, *argv, "--max-update", str(updates), "--log-interval",
             str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
 
 
@@ -215,9 +223,9 @@ class Bench:
         os.replace(tmp, os.path.join(self.out, "summary.json"))
 
     def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1,
-              launcher=PYTHON):
-        """One fairseq-train run; records mean wps / ups over the intervals after the first."""
-        cmd = train_command(argv, updates, interval, launcher)
+              launcher=PYTHON, module="fairseq_cli.train"):
+        """One fairseq-train run (or `module`'s); records mean wps / ups over the intervals after the first."""
+        cmd = train_command(argv, updates, interval, launcher, module)
         path = os.path.join(self.logs, log_file_name(name))
         started = time.perf_counter()
         with open(path, "w") as f:
@@ -306,17 +314,19 @@ def single_variants(user_dir="fairseq_xmlm"):
     """Our runs of the single section by name: fp16 (fairseq's --fp16 loss scaling, fp32 master weights in
     FP16Optimizer); flat master (xmlm_adamw keeps them flat, --memory-efficient-fp16) alone, with cuDNN's attention,
     with --compile in the default mode and in reduce-overhead (CUDA graphs), and CUDA graphs with cuDNN's attention;
-    bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here)."""
+    bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here); and the
+    CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`), which waits on the GPU once per update."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
     flat = swap(FLAT_MASTER)
+    fastest = flat + ["--compile", "--compile-mode", "reduce-overhead", "--cudnn-attention"]
     return {"fp16": swap(FAST), "fp16_flat_master": flat,
             "fp16_flat_master_cudnn": flat + ["--cudnn-attention"],
             "fp16_flat_master_compile": flat + ["--compile"],
             "fp16_flat_master_cudagraphs": flat + ["--compile", "--compile-mode", "reduce-overhead"],
-            "fp16_flat_master_cudagraphs_cudnn": flat + ["--compile", "--compile-mode", "reduce-overhead",
-                                                         "--cudnn-attention"],
+            "fp16_flat_master_cudagraphs_cudnn": fastest,
+            "fp16_flat_master_cudagraphs_cudnn" + XMLM_TRAIN: fastest,
             "bf16": swap(OURS)}
 
 
@@ -327,7 +337,8 @@ def before_variants():
     if not before:
         return {}
     old = single_variants(os.path.join(os.path.abspath(before), "fairseq_xmlm"))
-    return {f"before_{name}": argv for name, argv in old.items()}
+    # xmlm-train imports this tree's package, which fairseq will not load beside an earlier tree's as --user-dir
+    return {f"before_{name}": argv for name, argv in old.items() if not name.endswith(XMLM_TRAIN)}
 
 
 def section_single(b, synth):
@@ -353,7 +364,8 @@ def section_single(b, synth):
             b.train(f"{prefix}_stock_{precision}", stock_args(synth, model) + (["--fp16"] if precision == "fp16" else []),
                     u, 50, model)
         for name, extra in runs:
-            b.train(f"{prefix}_ours_{name}", ours_args(synth, model) + extra, updates_for(extra, u), 50, model)
+            b.train(f"{prefix}_ours_{name}", ours_args(synth, model) + extra, updates_for(extra, u), 50, model,
+                    module=entry_module(name))
             for precision in stocks:
                 b.ratio(f"{prefix}_ours_{name} / {prefix}_stock_{precision}", f"{prefix}_ours_{name}",
                         f"{prefix}_stock_{precision}")
@@ -433,7 +445,8 @@ def section_multigpu(b, synth, gpus):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))), NCCL_NVLS_ENABLE="0")
         argv = known[kind] + ddp_arguments(n) + extra
         launcher = torchrun_launcher(n, torchrun) if torchrun is not None else PYTHON
-        b.train(f"multi_{label}", argv, updates_for(known[kind], u), 50, CONNEAU, env=env, gpus=n, launcher=launcher)
+        b.train(f"multi_{label}", argv, updates_for(known[kind], u), 50, CONNEAU, env=env, gpus=n, launcher=launcher,
+                module=entry_module(kind))
     one_gpu = {(kind, repeat): label for kind, repeat, n, label, _ in runs if n == 1}
     for kind, repeat, n, label, _ in runs:
         if n == 1 or (kind, repeat) not in one_gpu:  # --gpus without 1: no scaling

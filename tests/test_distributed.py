@@ -32,14 +32,15 @@ def train_inner_fields(log):
     return [dict(re.findall(r"(\w+)=([^,\s]+)", line)) for line in log.splitlines() if "| train_inner |" in line]
 
 
-def train_two_ranks(data, save_dir, *options, updates=6):
-    """fairseq-train as two CPU ranks over gloo with legacy_ddp; returns both ranks' logs."""
+def train_two_ranks(data, save_dir, *options, updates=6, entry="fairseq-train"):
+    """fairseq-train (or `entry`, e.g. xmlm-train) as two CPU ranks over gloo with legacy_ddp; returns both ranks'
+    logs."""
     init = f"tcp://127.0.0.1:{free_port()}"
     save_dir.mkdir(parents=True, exist_ok=True)
     processes = []
     for rank in (0, 1):
         command = [
-            str(Path(sys.executable).parent / "fairseq-train"), str(data), "--user-dir",
+            str(Path(sys.executable).parent / entry), str(data), "--user-dir",
             str(REPO / "fairseq_xmlm"), "--task", "fake_english", "--arch", "xmlm_bert_small", "--criterion",
             "xmlm_masked_lm", "--lr", "1e-3", "--batch-size", "16", "--max-update", str(updates),
             "--cpu", "--num-workers", "1", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",

@@ -60,7 +60,7 @@ def test_a_run_that_hangs_after_training_is_stopped_soon_after_and_counted(tmp_p
     bench = gpu_speed.Bench(str(tmp_path))
     bench.run_seconds = 50
     monkeypatch.setattr(gpu_speed, "train_command",
-                        lambda argv, updates, interval, launcher: [sys.executable, str(script)])
+                        lambda argv, updates, interval, launcher, module: [sys.executable, str(script)])
     started = time.monotonic()
     result = bench.train("hangs", [], updates=2, interval=1)
     assert time.monotonic() - started < 20
@@ -110,3 +110,12 @@ def test_torchrun_launches_fairseq_train_one_process_per_gpu_with_the_options_gi
     args = get_args_parser().parse_args(command[3:])
     assert (args.standalone, args.nproc_per_node, args.numa_binding, args.module) == (True, "4", "exclusive", True)
     assert args.training_script == "fairseq_cli.train" and args.training_script_args[:2] == ["data", "--fp16"]
+
+
+def test_xmlm_train_variants_run_xmlm_trains_module_with_the_same_arguments():
+    variants = gpu_speed.single_variants()
+    name = "fp16_flat_master_cudagraphs_cudnn"
+    assert variants[name + gpu_speed.XMLM_TRAIN] == variants[name]
+    assert gpu_speed.entry_module(name) == "fairseq_cli.train"
+    command = gpu_speed.train_command(variants[name], 200, 50, module=gpu_speed.entry_module(name + "_xmlm_train"))
+    assert command[1:3] == ["-m", "fairseq_xmlm.train"]

@@ -1,0 +1,84 @@
+"""xmlm-train: fairseq-train's loop with a trainer that waits on the GPU once per update (fairseq_xmlm/train.py).
+It must train and log exactly as fairseq-train does, on one process and on two ranks."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+from fairseq_xmlm.train import check_consistent_grad_norms, sum_over_ranks
+from test_distributed import train_inner_fields, train_two_ranks
+
+TIMINGS = {"wps", "ups", "wall", "train_wall", "gb_free"}  # what differs from run to run
+
+
+def logged(log):
+    rows = [{k: v for k, v in row.items() if k not in TIMINGS} for row in train_inner_fields(log)]
+    assert rows and all("loss" in row and "gnorm" in row for row in rows)
+    return rows
+
+
+def train_one_process(entry, data, save_dir, *options):
+    command = [
+        str(Path(sys.executable).parent / entry), str(data), "--user-dir", str(REPO / "fairseq_xmlm"), "--task",
+        "fake_english", "--arch", "xmlm_bert_small", "--criterion", "xmlm_masked_lm", "--optimizer", "xmlm_adamw",
+        "--lr", "1e-3", "--batch-size", "16", "--max-update", "6", "--cpu", "--num-workers", "0", "--save-dir",
+        str(save_dir), "--no-save", "--disable-validation", "--log-format", "simple", "--log-interval", "1", "--seed",
+        "1", *options,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def test_one_process_logs_what_fairseq_train_logs(fake_english_data, tmp_path):
+    stock, ours = (logged(train_one_process(entry, fake_english_data, tmp_path / entry, "--fp16",
+                                            "--memory-efficient-fp16"))
+                   for entry in ("fairseq-train", "xmlm-train"))
+    assert len(stock) == 6 and ours == stock
+
+
+def test_two_ranks_log_what_fairseq_train_logs(fake_english_data, tmp_path):
+    """legacy_ddp, xmlm_adamw's flat fp16 gradient, two batches per update (the first under no_sync): the same
+    losses, gradient norms, loss scales, batch sizes and learning rates, update for update, on both ranks. Rank 1's
+    norm check ran from the second update on (it raises otherwise)."""
+    options = ("--optimizer", "xmlm_adamw", "--fp16", "--memory-efficient-fp16", "--update-freq", "2")
+    stock = train_two_ranks(fake_english_data, tmp_path / "stock", *options)
+    ours = train_two_ranks(fake_english_data, tmp_path / "ours", *options, entry="xmlm-train")
+    assert len(logged(stock[0])) == 6 and logged(ours[0]) == logged(stock[0])
+    assert "trainer: XmlmTrainer" in ours[0] and "XmlmTrainer" not in stock[0]
+
+
+def test_bad_input_is_one_error_line(tmp_path):
+    result = subprocess.run([str(Path(sys.executable).parent / "xmlm-train"), str(tmp_path / "missing"), "--task",
+                             "fake_english", "--arch", "xmlm_bert_small", "--batch-size", "4", "--cpu"],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: no dictionary at ")
+    assert "Traceback" not in result.stderr
+
+
+def test_statistics_come_back_as_host_numbers_in_their_shapes():
+    device = torch.device("cpu")
+    summed = sum_over_ranks({"loss": torch.tensor(2.5), "ntokens": 7, "per_lang": torch.tensor([1.0, 2.0]),
+                             "time": 0.25}, device)
+    assert summed == {"loss": 2.5, "ntokens": 7.0, "per_lang": summed["per_lang"], "time": 0.25}
+    assert all(isinstance(summed[k], float) for k in ("loss", "ntokens", "time"))
+    assert summed["per_lang"].dtype == torch.double and summed["per_lang"].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("norms, amp, consistent", [
+    ([3.0, 3.0, 3.0], False, True),
+    ([3.0, 3.0000000001, 3.0], False, True),
+    ([3.0, 3.1, 3.0], False, False),
+    ([3.0, float("inf")], False, False),
+    ([float("inf"), float("nan")], True, True),  # --amp skips such a step
+])
+def test_gradient_norms_must_agree_across_ranks(norms, amp, consistent):
+    if consistent:
+        check_consistent_grad_norms(norms, amp=amp)
+    else:
+        with pytest.raises(FloatingPointError, match="inconsistent between workers"):
+            check_consistent_grad_norms(norms, amp=amp)
