@@ -15,7 +15,7 @@ and compilation) and updates/s its `ups`. Sections:
 - strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
               within-language random words (Conneau config, Bible en-fr).
 - multigpu:   fairseq's own DDP over NCCL on 1, 2, ... GPUs (--gpus), Conneau config, batch 96 per GPU:
-              our variants (BENCH_MULTIGPU_KINDS; default flat master weights; BENCH_BEFORE adds an earlier
+              our variants (BENCH_MULTIGPU_KINDS; default our fastest, under xmlm-train; BENCH_BEFORE adds an earlier
               tree's) and stock, each kind as often as named there, launched by fairseq's spawn or by torchrun
               (BENCH_TORCHRUN="--numa-binding exclusive"), scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
 - alone:      Dufter's small run and BERT-base ("overparam") alone, updates/s.
@@ -425,8 +425,11 @@ def multigpu_runs(names, gpus, variants):
     return runs
 
 
+MULTIGPU_KINDS = "fp16_flat_master_cudagraphs_cudnn" + XMLM_TRAIN + ",stock"  # the fourteenth session's pair
+
+
 def section_multigpu(b, synth, gpus):
-    """BENCH_MULTIGPU_KINDS (default "fp16_flat_master,stock"), run in that order: "stock" and any of our
+    """BENCH_MULTIGPU_KINDS (default `MULTIGPU_KINDS`), run in that order: "stock" and any of our
     `single_variants` (e.g. fp16_flat_master_cudagraphs_cudnn); with BENCH_BEFORE=DIR also "before_<variant>", the
     fairseq_xmlm package in DIR. A kind may be named more than once (`multigpu_runs`). Each of our kinds runs on more
     than one GPU once per set of BENCH_DDP_VARIANTS (`ddp_variants`; default one run with fairseq's default,
@@ -437,7 +440,7 @@ def section_multigpu(b, synth, gpus):
     known = {"stock": stock_args(synth, CONNEAU) + ["--fp16"],
              **{name: ours_args(synth, CONNEAU) + extra
                 for name, extra in {**single_variants(), **before_variants()}.items()}}
-    names = os.environ.get("BENCH_MULTIGPU_KINDS", "fp16_flat_master,stock").split(",")
+    names = os.environ.get("BENCH_MULTIGPU_KINDS", MULTIGPU_KINDS).split(",")
     if not set(names) <= set(known):
         raise SystemExit(f"gpu_speed: BENCH_MULTIGPU_KINDS may hold {', '.join(known)}; got {names}")
     runs = multigpu_runs(names, gpus, ddp_variants(os.environ.get("BENCH_DDP_VARIANTS", "")))

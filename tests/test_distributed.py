@@ -32,9 +32,9 @@ def train_inner_fields(log):
     return [dict(re.findall(r"(\w+)=([^,\s]+)", line)) for line in log.splitlines() if "| train_inner |" in line]
 
 
-def train_two_ranks(data, save_dir, *options, updates=6, entry="fairseq-train"):
+def train_two_ranks(data, save_dir, *options, updates=6, entry="fairseq-train", validate=False):
     """fairseq-train (or `entry`, e.g. xmlm-train) as two CPU ranks over gloo with legacy_ddp; returns both ranks'
-    logs."""
+    logs. validate: on 3 dev batches every 3 updates."""
     init = f"tcp://127.0.0.1:{free_port()}"
     save_dir.mkdir(parents=True, exist_ok=True)
     processes = []
@@ -46,7 +46,8 @@ def train_two_ranks(data, save_dir, *options, updates=6, entry="fairseq-train"):
             "--cpu", "--num-workers", "1", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",
             "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-init-method", init,
             "--distributed-no-spawn", "--save-dir", str(save_dir / f"rank{rank}"), "--no-epoch-checkpoints",
-            "--disable-validation", "--log-format", "simple", "--log-interval", "1", "--seed", "1", *options,
+            *(["--validate-interval-updates", "3", "--max-valid-steps", "3"] if validate else ["--disable-validation"]),
+            "--log-format", "simple", "--log-interval", "1", "--seed", "1", *options,
         ]
         with open(save_dir / f"rank{rank}.log", "w") as out:  # files, not pipes: a full pipe would stall its rank
             processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,

@@ -1,5 +1,6 @@
 """xmlm-train: fairseq-train's loop with a trainer that waits on the GPU once per update (fairseq_xmlm/train.py).
 It must train and log exactly as fairseq-train does, on one process and on two ranks."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,14 +41,20 @@ def test_one_process_logs_what_fairseq_train_logs(fake_english_data, tmp_path):
     assert len(stock) == 6 and ours == stock
 
 
+def validation_losses(log):
+    return re.findall(r"\| valid on 'valid' subset \| loss ([0-9.]+)", log)
+
+
 def test_two_ranks_log_what_fairseq_train_logs(fake_english_data, tmp_path):
-    """legacy_ddp, xmlm_adamw's flat fp16 gradient, two batches per update (the first under no_sync): the same
-    losses, gradient norms, loss scales, batch sizes and learning rates, update for update, on both ranks. Rank 1's
-    norm check ran from the second update on (it raises otherwise)."""
+    """legacy_ddp, xmlm_adamw's flat fp16 gradient, two batches per update (the first under no_sync), validation
+    every 3 updates: the same losses, gradient norms, loss scales, batch sizes, learning rates and dev losses,
+    update for update. The ranks' norms were checked from the second update on (a mismatch raises), once inside a
+    validation's statistics."""
     options = ("--optimizer", "xmlm_adamw", "--fp16", "--memory-efficient-fp16", "--update-freq", "2")
-    stock = train_two_ranks(fake_english_data, tmp_path / "stock", *options)
-    ours = train_two_ranks(fake_english_data, tmp_path / "ours", *options, entry="xmlm-train")
+    stock = train_two_ranks(fake_english_data, tmp_path / "stock", *options, validate=True)
+    ours = train_two_ranks(fake_english_data, tmp_path / "ours", *options, entry="xmlm-train", validate=True)
     assert len(logged(stock[0])) == 6 and logged(ours[0]) == logged(stock[0])
+    assert len(validation_losses(stock[0])) == 2 and validation_losses(ours[0]) == validation_losses(stock[0])
     assert "trainer: XmlmTrainer" in ours[0] and "XmlmTrainer" not in stock[0]
 
 
