@@ -95,13 +95,11 @@ class XmlmTrainer(Trainer):
             else:
                 v = sum(log[k] for log in logging_outputs if k in log)
             values["logging_outputs_" + k] = v
-        world = self.data_parallel_world_size
+        # fairseq calls this under DDP only: each rank puts its last gradient norm in its own slot
         pending = self._unchecked_grad_norm
-        if world > 1:
-            norms = torch.zeros(world, dtype=torch.double)
-            norms[self.data_parallel_rank] = 0.0 if pending is None else pending
-            values["grad_norms"] = norms
-        summed = sum_over_ranks(values, self.device, self.data_parallel_process_group if world > 1 else None)
+        values["grad_norms"] = torch.zeros(self.data_parallel_world_size, dtype=torch.double)
+        values["grad_norms"][self.data_parallel_rank] = 0.0 if pending is None else pending
+        summed = sum_over_ranks(values, self.device, self.data_parallel_process_group)
         if pending is not None:
             check_consistent_grad_norms(summed["grad_norms"], amp=self.cfg.common.amp)
             self._unchecked_grad_norm = None
@@ -109,8 +107,8 @@ class XmlmTrainer(Trainer):
         return ([{k: summed["logging_outputs_" + k] for k in log_keys}] if log_keys else []), stats
 
     def clip_grad_norm(self, clip_norm):
-        # fp16's loss scaler has just read the norm (float(grad_norm)): the GPU is idle, the copy waits for nothing.
-        # fairseq's isfinite checks and meters then read it on the host.
+        # The host reads the norm right away in any case (fp16's loss scaler, fairseq's isfinite check); as a host
+        # tensor, fairseq's meters need not read it again after the optimizer step.
         return super().clip_grad_norm(clip_norm).detach().cpu()
 
     def _check_grad_norms(self, grad_norm):
