@@ -315,7 +315,7 @@ def single_variants(user_dir="fairseq_xmlm"):
     FP16Optimizer); flat master (xmlm_adamw keeps them flat, --memory-efficient-fp16) alone, with cuDNN's attention,
     with --compile in the default mode and in reduce-overhead (CUDA graphs), and CUDA graphs with cuDNN's attention;
     bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here); and the
-    CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`), which waits on the GPU once per update."""
+    CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`: its DDP ranks meet once per update)."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
@@ -343,12 +343,15 @@ def before_variants():
 
 def section_single(b, synth):
     """Stock in fp16 (and fp32 for BERT-small), then our variants (`single_variants`) named in BENCH_VARIANTS
-    (default: all but bf16). BENCH_BEFORE=DIR also runs the fairseq_xmlm package in DIR (e.g. `git archive` of an
-    earlier commit) with BENCH_BEFORE_VARIANTS (default fp16_flat_master): a before/after pair of one call.
+    (default: all but bf16 and xmlm-train's). BENCH_BEFORE=DIR also runs the fairseq_xmlm package in DIR (e.g.
+    `git archive` of an earlier commit) with BENCH_BEFORE_VARIANTS (default fp16_flat_master): a before/after pair of
+    one call.
     BENCH_MODELS=conneau (or bertsmall) runs one model only."""
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     known = single_variants()
-    names = os.environ.get("BENCH_VARIANTS", ",".join(name for name in known if name != "bf16")).split(",")
+    # xmlm-train runs one process with fairseq's own trainer: on one GPU its variant would time the same code again
+    default = [name for name in known if name != "bf16" and not name.endswith(XMLM_TRAIN)]
+    names = os.environ.get("BENCH_VARIANTS", ",".join(default)).split(",")
     before = before_variants()
     before_names = os.environ.get("BENCH_BEFORE_VARIANTS", "fp16_flat_master").split(",") if before else []
     unknown = sorted(set(names + before_names) - set(known))

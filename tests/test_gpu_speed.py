@@ -117,5 +117,6 @@ def test_xmlm_train_variants_run_xmlm_trains_module_with_the_same_arguments():
     name = "fp16_flat_master_cudagraphs_cudnn"
     assert variants[name + gpu_speed.XMLM_TRAIN] == variants[name]
     assert gpu_speed.entry_module(name) == "fairseq_cli.train"
-    command = gpu_speed.train_command(variants[name], 200, 50, module=gpu_speed.entry_module(name + "_xmlm_train"))
+    command = gpu_speed.train_command(variants[name], 200, 50,
+                                      module=gpu_speed.entry_module(name + gpu_speed.XMLM_TRAIN))
     assert command[1:3] == ["-m", "fairseq_xmlm.train"]
