@@ -1,4 +1,4 @@
-"""xmlm-train: fairseq-train's loop with a trainer that waits on the GPU once per update (fairseq_xmlm/train.py).
+"""xmlm-train: fairseq-train's loop with a trainer whose DDP ranks meet once per update (fairseq_xmlm/train.py).
 It must train and log exactly as fairseq-train does, on one process and on two ranks."""
 import re
 import subprocess
