@@ -36,10 +36,11 @@ def fake_english_data(bible_dir, tmp_path_factory):
     return out
 
 
-def fairseq_train(data, save_dir, *extra, updates=8, batch_size=32):
-    """A real `fairseq-train --user-dir fairseq_xmlm` run on the CPU; returns its log."""
+def fairseq_train(data, save_dir, *extra, updates=8, batch_size=32, entry="fairseq-train"):
+    """A real `fairseq-train --user-dir fairseq_xmlm` run (or `entry`'s, e.g. xmlm-train) on the CPU; returns its
+    log."""
     command = [
-        str(Path(sys.executable).parent / "fairseq-train"), str(data), "--user-dir", str(REPO / "fairseq_xmlm"),
+        str(Path(sys.executable).parent / entry), str(data), "--user-dir", str(REPO / "fairseq_xmlm"),
         "--arch", "xmlm_bert_small", "--criterion", "masked_lm", "--optimizer", "adam", "--lr", "2e-3",
         "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "2",
         "--total-num-update", str(updates), "--batch-size", str(batch_size), "--max-update", str(updates),
@@ -48,7 +49,7 @@ def fairseq_train(data, save_dir, *extra, updates=8, batch_size=32):
     ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if result.returncode != 0:
-        raise AssertionError(f"fairseq-train failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(f"{entry} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result.stdout + result.stderr
 
 

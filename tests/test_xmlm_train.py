@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, fairseq_train
 from fairseq_xmlm.train import check_consistent_grad_norms, sum_over_ranks
 from test_distributed import train_inner_fields, train_two_ranks
 
@@ -21,22 +21,10 @@ def logged(log):
     return rows
 
 
-def train_one_process(entry, data, save_dir, *options):
-    command = [
-        str(Path(sys.executable).parent / entry), str(data), "--user-dir", str(REPO / "fairseq_xmlm"), "--task",
-        "fake_english", "--arch", "xmlm_bert_small", "--criterion", "xmlm_masked_lm", "--optimizer", "xmlm_adamw",
-        "--lr", "1e-3", "--batch-size", "16", "--max-update", "6", "--cpu", "--num-workers", "0", "--save-dir",
-        str(save_dir), "--no-save", "--disable-validation", "--log-format", "simple", "--log-interval", "1", "--seed",
-        "1", *options,
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout + result.stderr
-
-
 def test_one_process_logs_what_fairseq_train_logs(fake_english_data, tmp_path):
-    stock, ours = (logged(train_one_process(entry, fake_english_data, tmp_path / entry, "--fp16",
-                                            "--memory-efficient-fp16"))
+    stock, ours = (logged(fairseq_train(fake_english_data, tmp_path / entry, "--task", "fake_english", "--criterion",
+                                        "xmlm_masked_lm", "--optimizer", "xmlm_adamw", "--fp16",
+                                        "--memory-efficient-fp16", "--disable-validation", updates=6, entry=entry))
                    for entry in ("fairseq-train", "xmlm-train"))
     assert len(stock) == 6 and ours == stock
 
