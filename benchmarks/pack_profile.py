@@ -1,9 +1,11 @@
 """Where one packed-training step (fairseq_xmlm.packed_training) of Dufter's runs spends its time on the GPU.
 
-    python3 benchmarks/pack_profile.py --groups 15 16,17 0,2,4,7,3,30 --variants eager,compile --out OUT/pack_prof
+    python3 benchmarks/pack_profile.py --groups 15,16,17 0,1,2,3,4,5,6,7,8,9,30 --variants eager,compile \
+        --out OUT/pack_prof
 
 Each group is a list of run IDs of `examples/dufter/run.py full`, for the first --seeds of its seeds, all stacked
-into one model (each run on its own seed's batches, as packed_training does). For every group and variant (eager;
+into one model (each run on its own seed's batches, as packed_training does; the recipe's groups hold one seed).
+--plain-attention-max-length sets `stacked_encoder.PLAIN_ATTENTION_MAX_LENGTH` (0: SDPA's kernels always). For every group and variant (eager;
 compile = the stacked layers and the optimizer step under torch.compile) in this process, one after another:
 --warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled; the time is printed),
 --steps timed steps (synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under
@@ -87,7 +89,7 @@ def report(result, ids, variant):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--groups", nargs="+", default=["15", "16,17", "0,2,4,7,3,30"])
+    parser.add_argument("--groups", nargs="+", default=["15,16,17", "0,1,2,3,4,5,6,7,8,9,30"])
     parser.add_argument("--variants", default="eager,compile")
     parser.add_argument("--data", default=str(HERE.parent / "data-bin" / "fake_english"))
     parser.add_argument("--knn-table", default=str(HERE.parent / "results" / "dufter" / "knn_table.pt"))
@@ -96,13 +98,18 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--plugin", help="a fairseq_xmlm folder to use instead of this checkout's")
+    parser.add_argument("--plain-attention-max-length", type=int,
+                        help="longest sentence attended by products and a softmax (default: the encoder's)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.plugin:
         sys.path.insert(0, str(Path(args.plugin).resolve().parent))
     sys.path.insert(1, str(HERE))
     import pack_speed
-    from fairseq_xmlm import packed_training
+    from fairseq_xmlm import packed_training, stacked_encoder
+
+    if args.plain_attention_max_length is not None:
+        stacked_encoder.PLAIN_ATTENTION_MAX_LENGTH = args.plain_attention_max_length
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +132,8 @@ def main():
             result, profiler = profile_group(group, schedules, args, device)
             result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
                       "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
-                      **result, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+                      "plain_attention_max_length": stacked_encoder.PLAIN_ATTENTION_MAX_LENGTH, **result,
+                      "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
             results.append(result)
             report(result, ids, variant)
             # the host's side: where a step that is not GPU-bound spends its time

@@ -6,7 +6,7 @@
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
 and its task, model (initialised with the command's seed, exactly as fairseq-train does) and training set are built
-by fairseq; runs with the same model shape, optimiser settings and schedule (`group_key`; seeds may differ) are then
+by fairseq; runs with the same model shape, optimiser settings, schedule and seed (`group_key`, `grouped`) are then
 trained together as one `StackedEncoder`, up to --max-group runs at a time.
 `train_side_by_side` runs each group in its own process, several at once on the GPU. What each run gets is what
 fairseq-train would give it:
@@ -149,13 +149,12 @@ def epoch_batches(run, epoch):
 
 
 def group_key(run):
-    """Runs with equal keys step together: one model shape, one schedule, one optimiser, one training set. Seeds
-    may differ: each run keeps its own seed's initialisation and batches, and a step pads to the longest of its
-    runs' batches. The 5 seeds' BERT-small runs stacked (and compiled) trained at 2.7x the run-updates/s of one
-    seed's alone, in one call on an H100 (docs/benchmarks.md)."""
+    """Runs with equal keys may step together: one model shape (with or without lang-pos), one schedule, one
+    optimiser, one training set. Seeds may differ: each run keeps its own seed's initialisation and batches, and a
+    step pads to the longest of its runs' batches, which is why `grouped` keeps seeds apart."""
     c, t, m = run.cfg, run.cfg.task, run.cfg.model
     return (m.encoder_layers, m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_attention_heads,
-            m.activation_fn, m.dropout, m.attention_dropout, m.activation_dropout, t.lang_pos, t.no_parallel, t.data,
+            m.activation_fn, m.dropout, m.attention_dropout, m.activation_dropout, t.no_parallel, t.data,
             t.mask_prob, t.tokens_per_sample, c.optimizer._name, adam_betas(c.optimizer), c.optimizer.adam_eps,
             c.optimizer.weight_decay, tuple(c.optimization.lr), c.optimization.clip_norm, c.optimization.max_epoch,
             c.optimization.max_update, c.lr_scheduler.warmup_updates, c.lr_scheduler.total_num_update,
@@ -531,11 +530,15 @@ def _train_group(runs, logs, device, precision, progress, stop, resume, compile)
 
 
 def grouped(runs, max_group, max_bytes=None):
-    """The runs split by `group_key`, at most `max_group` to a chunk and, given max_bytes, at most as many as
-    `estimated_gpu_bytes` puts under it (at least one)."""
+    """The runs split by `group_key` and seed, at most `max_group` to a chunk and, given max_bytes, at most as many
+    as `estimated_gpu_bytes` puts under it (at least one).
+
+    Seeds are not stacked: fairseq cuts batches from sentences sorted by length and each seed shuffles them, so
+    seeds stacked together pad to the longest of their batches, 1.69 tokens per real token for Dufter's five
+    against 1.10 for one seed (docs/benchmarks.md, from the training set's lengths)."""
     groups = {}
     for run in runs:
-        groups.setdefault(group_key(run), []).append(run)
+        groups.setdefault((group_key(run), run.cfg.common.seed), []).append(run)
     chunks = []
     for members in groups.values():
         size = max_group if max_bytes is None else max(1, min(max_group, int(max_bytes // estimated_gpu_bytes(

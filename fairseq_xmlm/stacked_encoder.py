@@ -2,10 +2,10 @@
 
 Dufter & Schuetze's BERT-small (64 hidden, 1 head) is so small that one training step is a few hundred tiny kernel
 launches: the GPU waits on Python, not on arithmetic. Stacking N runs turns each linear layer of all N models into
-one batched matrix product (`baddbmm`) and each attention into one `scaled_dot_product_attention` over N x B
-sequences, so N runs cost about one run's launches. The math is the model's own (post-LayerNorm BERT layers, tied
-output embedding, lang-pos position tables + segment embedding) and `tests/test_packed_training.py` checks the
-logits against `PartiallySharedRoberta.forward` for every slot.
+one batched matrix product (`baddbmm`) and each attention into one over N x B sequences, so N runs cost about one
+run's launches. The math is the model's own (post-LayerNorm BERT layers, tied output embedding, lang-pos position
+tables + segment embedding; lang-pos and shared-position models stack together) and
+`tests/test_packed_training.py` checks the logits against `PartiallySharedRoberta.forward` for every slot.
 
 All weights of all models live in one flat (N, P) buffer, every named weight a view of it with its gradient a view
 of one flat gradient buffer: the optimizer (`packed_training.AdamState`) then updates everything in one pass.
@@ -18,6 +18,9 @@ import torch.nn.functional as F
 
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.models.partially_shared_roberta import avoid_cudnn_attention
+
+
+LANG_POS_WEIGHTS = ("position_embeddings.1.weight", "language_embedding.weight")
 
 
 def check_stackable(model):
@@ -47,6 +50,25 @@ def _product(x, weight, bias):
     return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
 
 
+# Up to this many tokens a sentence's attention is written out as products and a softmax (see `attention`).
+PLAIN_ATTENTION_MAX_LENGTH = 128
+
+
+def attention(q, k, v, keep, dropout_p):
+    """Softmax attention, q, k, v (B, H, T, d), keep (B, 1, 1, T) or None. For short sentences (Dufter's average
+    about 30 tokens) as two batched products around a softmax and its dropout, which the compiled layer fuses into
+    one kernel each way; SDPA's flash and memory-efficient kernels spend most of their time on tiles that such
+    sequences leave nearly empty (attention was 6.8 of 30 ms of kernels in a 2-run BERT-base step on an H100,
+    docs/benchmarks.md). The softmax is taken in fp32, as SDPA's kernels do."""
+    if q.size(-2) > PLAIN_ATTENTION_MAX_LENGTH:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+    scores = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    weights = F.dropout(scores.float().softmax(-1).to(q.dtype), dropout_p)
+    return weights @ v
+
+
 def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_dropout, activation_dropout,
                   rows=None):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
@@ -66,8 +88,7 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
     h = x.reshape(n, b * t, d)
     qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
     q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
-    y = y.transpose(1, 2).reshape(n, b * t, d)
+    y = attention(q, k, v, keep, attention_dropout).transpose(1, 2).reshape(n, b * t, d)
     if rows is not None:
         index = rows.unsqueeze(-1).expand(-1, -1, d)
         h, y = h.gather(1, index), y.gather(1, index)
@@ -106,17 +127,24 @@ class StackedEncoder:
     def __init__(self, models, device, dtype=torch.float32, compile=False):
         for model in models:
             check_stackable(model)
-        first = models[0]
+        # lang-pos models have two weights more (LANG_POS_WEIGHTS); a model without them gets zeros in their place,
+        # which its forward pass never reads and which therefore stay zero (no gradient, no weight decay)
+        first = max(models, key=lambda model: len(list(model.parameters())))
         shapes = {name: p.shape for name, p in first.named_parameters()}
-        for model in models[1:]:
-            if {name: p.shape for name, p in model.named_parameters()} != shapes:
-                raise XmlmError("runs packed together must have the same architecture and lang-pos setting")
+        self.names = []  # each model's own weights
+        for model in models:
+            own = {name: p.shape for name, p in model.named_parameters()}
+            if any(shapes.get(name) != shape for name, shape in own.items()) or not set(shapes) - set(own) <= set(
+                    LANG_POS_WEIGHTS):
+                raise XmlmError("runs packed together must have the same architecture")
+            self.names.append(list(own))
         self.count = len(models)
         self.num_layers = len(first.layers)
         self.heads = first.cfg.encoder_attention_heads
         self.activation = F.gelu if first.cfg.activation_fn == "gelu" else F.relu
         self.padding_idx = first.padding_idx
-        self.lang_pos = first.language_embedding is not None
+        self.lang_pos = torch.tensor([model.language_embedding is not None for model in models], device=device)
+        self.any_lang_pos = bool(self.lang_pos.any())
         avoid_cudnn_attention()
         # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
@@ -130,7 +158,8 @@ class StackedEncoder:
         for name, _, _, _ in self.layout:
             master = self._view(self.flat, name)
             for slot, own in enumerate(parameters):
-                master[slot].copy_(own[name].detach())
+                if name in own:
+                    master[slot].copy_(own[name].detach())
         self.compute = torch.empty_like(self.flat, dtype=dtype) if dtype != torch.float32 else self.flat
         self.compute_grad = torch.zeros_like(self.compute)
         self.refresh()
@@ -169,7 +198,7 @@ class StackedEncoder:
 
     def state_dict(self, slot):
         """The fp32 parameters of model `slot` under the model's own names."""
-        return {name: self._view(self.flat, name)[slot].clone() for name, _, _, _ in self.layout}
+        return {name: self._view(self.flat, name)[slot].clone() for name in self.names[slot]}
 
     def embed(self, tokens, langs):
         """tokens (N, B, T), langs (N, B) -> (N, B, T, D) after the embedding LayerNorm."""
@@ -180,10 +209,12 @@ class StackedEncoder:
         x = torch.where(tokens.eq(self.padding_idx).unsqueeze(-1), x.detach(), x)
         length = tokens.size(2)
         positions = w["position_embeddings.0.weight"][:, None, :length]
-        if self.lang_pos:
-            fake = langs.eq(1)[:, :, None, None]
+        if self.any_lang_pos:  # the lang-pos models' own positions for Fake-English and their segment embedding
+            lang_pos = self.lang_pos.view(-1, 1)
+            fake = (langs.eq(1) & lang_pos)[:, :, None, None]
             positions = torch.where(fake, w["position_embeddings.1.weight"][:, None, :length], positions)
-            x = x + _lookup(w["language_embedding.weight"], langs, models.view(-1, 1)).unsqueeze(2)
+            segment = _lookup(w["language_embedding.weight"], langs, models.view(-1, 1))
+            x = x + (segment * lang_pos.unsqueeze(-1)).unsqueeze(2)
         return _layer_norm(x + positions, w["embedding_norm.weight"], w["embedding_norm.bias"])
 
     def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import REPO, expect_cli_error
-from fairseq_xmlm import packed_training
+from fairseq_xmlm import packed_training, stacked_encoder
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.evaluation.figures import read_fairseq_log
 from fairseq_xmlm.stacked_encoder import StackedEncoder
@@ -37,10 +37,11 @@ def fairseq_sample(inputs, langs, positions, target_ids, slot, pad):
             "net_input": {"src_tokens": tokens[real], "lang_ids": lang_ids[real]}, "target": targets[real]}
 
 
-@pytest.mark.parametrize("flags", [(), ("--lang-pos",)], ids=["shared-positions", "lang-pos"])
+@pytest.mark.parametrize("flags", [((), ()), (("--lang-pos",), ("--lang-pos",)), ((), ("--lang-pos",))],
+                         ids=["shared-positions", "lang-pos", "both"])
 def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *flags)).build()
-            for s in (1, 2)]
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *f)).build()
+            for s, f in zip((1, 2), flags)]
     stacked = StackedEncoder([run.model for run in runs], torch.device("cpu"))
     group = packed_training.GroupData(runs, torch.device("cpu"))
     batches = [packed_training.epoch_batches(run, 1)[0] for run in runs]
@@ -54,12 +55,13 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
 
 
 def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
-    """Four updates of two packed runs (different seeds and flags) = fairseq's Trainer fed the same batches."""
+    """Four updates of two packed runs (different seeds and flags, one with lang-pos's two extra weights) =
+    fairseq's Trainer fed the same batches."""
     from fairseq.trainer import Trainer
 
     runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, seed, *flags, "--dropout", "0",
                                               "--attention-dropout", "0")).build()
-            for name, seed, flags in (("a", 1, ()), ("b", 2, ("--shift-special", "--no-random")))]
+            for name, seed, flags in (("a", 1, ()), ("b", 2, ("--shift-special", "--no-random", "--lang-pos")))]
     references = [Trainer(run.cfg, run.task, copy.deepcopy(run.model), run.criterion) for run in runs]
     group = packed_training.PackedGroup(runs, torch.device("cpu"), precision="fp32")
     schedules = [packed_training.epoch_batches(run, 1) for run in runs]
@@ -115,7 +117,7 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
     listing.write_text("\n".join(" ".join(c) for c in commands) + "\n")
     packed_training.main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32"])
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [g["runs"] for g in summary["groups"]] == [2, 1]  # one seed; lang-pos has other weights: its own group
+    assert [g["runs"] for g in summary["groups"]] == [3]  # one seed: lang-pos stacks with shared positions
     updates = summary["groups"][0]["updates"]
     for name in "abc":
         model, task, cfg = load_checkpoint(tmp_path / name / "checkpoints" / "checkpoint_last.pt")
@@ -132,7 +134,7 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
 
 
 def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
-    """Seeds stack together (each run on its own batches); a lang-pos run has other weights: a group of its own."""
+    """A group per seed (stacked seeds would pad to each other's batches); a lang-pos run joins its seed's."""
     commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (2, 1)]
     commands.append(command(fake_english_data, tmp_path, "lp", 1, "--lang-pos", "--max-update", "5"))
     result = packed_training.train_side_by_side(commands, tmp_path / "pack")  # bf16, as on the GPU
@@ -142,13 +144,15 @@ def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
         assert read_fairseq_log(tmp_path / name / "train.log", "train")[-1]["train_num_updates"] == 5
 
 
-def test_groups_are_cut_to_the_memory_budget(fake_english_data, tmp_path):
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"s{seed}", seed)) for seed in (1, 2, 3)]
+def test_groups_are_one_seed_cut_to_the_memory_budget(fake_english_data, tmp_path):
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"{name}{seed}", seed, *flags))
+            for seed in (1, 2) for name, flags in (("a", ()), ("b", ("--lang-pos",)), ("c", ("--no-random",)))]
     one = packed_training.estimated_gpu_bytes(runs[:1])
-    assert [len(c) for c in packed_training.grouped(runs, 40)] == [3]
-    assert [len(c) for c in packed_training.grouped(runs, 2)] == [2, 1]
-    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=2.5 * one)] == [2, 1]
-    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=0.5 * one)] == [1, 1, 1]
+    seeds = [[run.cfg.common.seed for run in c] for c in packed_training.grouped(runs, 40)]
+    assert seeds == [[1, 1, 1], [2, 2, 2]]
+    assert [len(c) for c in packed_training.grouped(runs, 2)] == [2, 1, 2, 1]
+    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=2.5 * one)] == [2, 1, 2, 1]
+    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=0.5 * one)] == [1] * 6
     assert not packed_training.fills_gpu(runs)  # tiny test models
     base = packed_training.parse_run(command(fake_english_data, tmp_path, "base", 1, "--encoder-layers", "12",
                                              "--encoder-embed-dim", "768", "--encoder-ffn-embed-dim", "3072"))
@@ -156,7 +160,8 @@ def test_groups_are_cut_to_the_memory_budget(fake_english_data, tmp_path):
 
 
 def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, tmp_path):
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s)).build() for s in (1, 2)]
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *flags)).build()
+            for s, flags in ((1, ()), (2, ("--lang-pos",)))]
     cpu = torch.device("cpu")
     eager, compiled = (StackedEncoder([run.model for run in runs], cpu, compile=flag) for flag in (False, True))
     group = packed_training.GroupData(runs, cpu)
@@ -170,6 +175,16 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
         assert torch.allclose(compiled.masked_logits(inputs, langs, positions, has_padding=has_padding),
                               eager.masked_logits(inputs, langs, positions, has_padding=has_padding), atol=1e-5)
         assert torch.allclose(compiled.compute_grad, eager.compute_grad, atol=1e-6)
+
+
+def test_long_sentences_attend_through_sdpa_with_the_same_result(monkeypatch):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 2, 6, 8).unbind()
+    keep = torch.rand(4, 1, 1, 6) > 0.3
+    keep[..., 0] = True  # every sentence has its bos
+    plain = stacked_encoder.attention(q, k, v, keep, 0.0)
+    monkeypatch.setattr(stacked_encoder, "PLAIN_ATTENTION_MAX_LENGTH", 5)
+    assert torch.allclose(stacked_encoder.attention(q, k, v, keep, 0.0), plain, atol=1e-6)
 
 
 def test_bad_commands(fake_english_data, tmp_path, capsys):
