@@ -5,9 +5,8 @@
 
 Each group is a list of run IDs of `examples/dufter/run.py full`, for the first --seeds of its seeds, all stacked
 into one model (each run on its own seed's batches, as packed_training does; the recipe's groups hold one seed).
---plain-attention-max-length sets `stacked_encoder.PLAIN_ATTENTION_MAX_LENGTH` (0: SDPA's kernels always). For every group and variant (eager;
-compile = the stacked layers and the optimizer step under torch.compile) in this process, one after another:
---warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled; the time is printed),
+For every group and variant (eager; compile = the stacked layers and the optimizer step under torch.compile;
+compile_cudnn = the same with cuDNN's attention kernels first) in this process, one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled; the time is printed),
 --steps timed steps (synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under
 torch.profiler: kernel time per step, by kind of kernel and by kernel, against the profiled wall (the rest is the
 GPU waiting on the host).
@@ -19,9 +18,11 @@ import argparse
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 HERE = Path(__file__).resolve().parent
 
@@ -98,18 +99,14 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--plugin", help="a fairseq_xmlm folder to use instead of this checkout's")
-    parser.add_argument("--plain-attention-max-length", type=int,
-                        help="longest sentence attended by products and a softmax (default: the encoder's)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.plugin:
         sys.path.insert(0, str(Path(args.plugin).resolve().parent))
     sys.path.insert(1, str(HERE))
     import pack_speed
-    from fairseq_xmlm import packed_training, stacked_encoder
-
-    if args.plain_attention_max_length is not None:
-        stacked_encoder.PLAIN_ATTENTION_MAX_LENGTH = args.plain_attention_max_length
+    from fairseq_xmlm import packed_training
+    from fairseq_xmlm.models.partially_shared_roberta import CUDNN_FIRST
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -124,16 +121,22 @@ def main():
         runs = [packed_training.parse_run(c).build() for c in commands]
         schedules = [packed_training.epoch_batches(run, 1) for run in runs]
         for variant in args.variants.split(","):
-            options = {}
-            if variant == "compile":
+            options, attention = {}, nullcontext()
+            if variant.startswith("compile"):
                 torch._dynamo.reset()  # compiled functions are shared by groups: start their caches afresh for this one
                 options["compile"] = True
+            if variant == "compile_cudnn":
+                # cuDNN's attention first while the layer is traced and runs. Inductor's caches off: a cached layer
+                # keeps the attention kernel chosen when it was first compiled (thirteenth session)
+                attention = sdpa_kernel(CUDNN_FIRST, set_priority=True)
+                torch._inductor.config.fx_graph_cache = False
+                torch._functorch.config.enable_autograd_cache = False
             group = packed_training.PackedGroup(runs, device, **options)
-            result, profiler = profile_group(group, schedules, args, device)
+            with attention:
+                result, profiler = profile_group(group, schedules, args, device)
             result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
                       "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
-                      "plain_attention_max_length": stacked_encoder.PLAIN_ATTENTION_MAX_LENGTH, **result,
-                      "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+                      **result, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
             results.append(result)
             report(result, ids, variant)
             # the host's side: where a step that is not GPU-bound spends its time

@@ -534,8 +534,8 @@ def grouped(runs, max_group, max_bytes=None):
     as `estimated_gpu_bytes` puts under it (at least one).
 
     Seeds are not stacked: fairseq cuts batches from sentences sorted by length and each seed shuffles them, so
-    seeds stacked together pad to the longest of their batches, 1.69 tokens per real token for Dufter's five
-    against 1.10 for one seed (docs/benchmarks.md, from the training set's lengths)."""
+    seeds stacked together pad to the longest of their batches: 1.64 tokens per real token for Dufter's five seeds
+    against 1.02 for one, in epoch 1 of his training set (docs/benchmarks.md)."""
     groups = {}
     for run in runs:
         groups.setdefault((group_key(run), run.cfg.common.seed), []).append(run)

@@ -50,25 +50,6 @@ def _product(x, weight, bias):
     return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
 
 
-# Up to this many tokens a sentence's attention is written out as products and a softmax (see `attention`).
-PLAIN_ATTENTION_MAX_LENGTH = 128
-
-
-def attention(q, k, v, keep, dropout_p):
-    """Softmax attention, q, k, v (B, H, T, d), keep (B, 1, 1, T) or None. For short sentences (Dufter's average
-    about 30 tokens) as two batched products around a softmax and its dropout, which the compiled layer fuses into
-    one kernel each way; SDPA's flash and memory-efficient kernels spend most of their time on tiles that such
-    sequences leave nearly empty (attention was 6.8 of 30 ms of kernels in a 2-run BERT-base step on an H100,
-    docs/benchmarks.md). The softmax is taken in fp32, as SDPA's kernels do."""
-    if q.size(-2) > PLAIN_ATTENTION_MAX_LENGTH:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
-    scores = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)
-    if keep is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
-    weights = F.dropout(scores.float().softmax(-1).to(q.dtype), dropout_p)
-    return weights @ v
-
-
 def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_dropout, activation_dropout,
                   rows=None):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
@@ -88,7 +69,8 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
     h = x.reshape(n, b * t, d)
     qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
     q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-    y = attention(q, k, v, keep, attention_dropout).transpose(1, 2).reshape(n, b * t, d)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
+    y = y.transpose(1, 2).reshape(n, b * t, d)
     if rows is not None:
         index = rows.unsqueeze(-1).expand(-1, -1, d)
         h, y = h.gather(1, index), y.gather(1, index)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import REPO, expect_cli_error
-from fairseq_xmlm import packed_training, stacked_encoder
+from fairseq_xmlm import packed_training
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.evaluation.figures import read_fairseq_log
 from fairseq_xmlm.stacked_encoder import StackedEncoder
@@ -175,16 +175,6 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
         assert torch.allclose(compiled.masked_logits(inputs, langs, positions, has_padding=has_padding),
                               eager.masked_logits(inputs, langs, positions, has_padding=has_padding), atol=1e-5)
         assert torch.allclose(compiled.compute_grad, eager.compute_grad, atol=1e-6)
-
-
-def test_long_sentences_attend_through_sdpa_with_the_same_result(monkeypatch):
-    torch.manual_seed(0)
-    q, k, v = torch.randn(3, 4, 2, 6, 8).unbind()
-    keep = torch.rand(4, 1, 1, 6) > 0.3
-    keep[..., 0] = True  # every sentence has its bos
-    plain = stacked_encoder.attention(q, k, v, keep, 0.0)
-    monkeypatch.setattr(stacked_encoder, "PLAIN_ATTENTION_MAX_LENGTH", 5)
-    assert torch.allclose(stacked_encoder.attention(q, k, v, keep, 0.0), plain, atol=1e-6)
 
 
 def test_bad_commands(fake_english_data, tmp_path, capsys):
