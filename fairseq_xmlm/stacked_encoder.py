@@ -129,10 +129,12 @@ class StackedEncoder:
         self.any_lang_pos = bool(self.lang_pos.any())
         avoid_cudnn_attention()
         # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
-        # memory-bound passes, and a small model launches fewer kernels. Dynamic shapes from the first batch: one
-        # graph for each of (top layer or not) x (padded batch or not), where a first static graph per case
-        # outgrew dynamo's 8 recompilations and left the layer uncompiled (one seed's batches, H100)
-        self.encoder_layer = torch.compile(encoder_layer, dynamic=True) if compile else encoder_layer
+        # memory-bound passes, and a small model launches fewer kernels. Each of (top layer or not) x (padded batch
+        # or not) compiles for its first shape and again for any: one seed's batches passed dynamo's default limit
+        # of 8 graphs a function, after which the layer ran uncompiled (H100)
+        self.encoder_layer = torch.compile(encoder_layer) if compile else encoder_layer
+        if compile:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
         self.layout, offset = [], 0  # (name, offset, size, shape)
         for name, shape in shapes.items():
             self.layout.append((name, offset, math.prod(shape), shape))
