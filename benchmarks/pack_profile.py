@@ -7,7 +7,7 @@ Each group is a list of run IDs of `examples/dufter/run.py full`, for the first 
 into one model (each run on its own seed's batches, as packed_training does; the recipe's groups hold one seed).
 For every group and variant (eager; compile = the stacked layers and the optimizer step under torch.compile;
 compile_cudnn = the same with cuDNN's attention kernels first) in this process, one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled; the time is printed),
---steps timed steps (synchronised wall: ms per step, run-updates/s, tokens/s), then --profile-steps under
+--steps timed steps (synchronised wall: ms per step, run-updates/s, tokens/s; peak GPU memory), then --profile-steps under
 torch.profiler: kernel time per step, by kind of kernel and by kernel, against the profiled wall (the rest is the
 GPU waiting on the host).
 Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the
@@ -42,6 +42,8 @@ def profile_group(group, schedules, args, device):
         at = next(steps) % len(schedules[0])
         return group.step([schedule[at] for schedule in schedules])[2][-1]
 
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     for _ in range(args.warmup):
         step()
@@ -71,6 +73,7 @@ def profile_group(group, schedules, args, device):
         "run_updates_per_s": round(n * args.steps / wall, 1), "tokens_per_s": round(tokens / wall),
         "profiled_ms_per_step": round(1e3 * profiled_wall / args.profile_steps, 2),
         "kernel_ms_per_step": round(profile_step.stream_times(events)[0] / 1e3 / args.profile_steps, 2),
+        "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if device.type == "cuda" else None,
         "kernel_ms_per_step_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top_kernels_ms_per_step": {k[:120]: round(v / 1e3 / args.profile_steps, 3)
                                     for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:25]}}
@@ -81,7 +84,7 @@ def report(result, ids, variant):
     print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {result['stacked']} stacked) {variant}: "
           f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, {result['tokens_per_s']} "
           f"tokens/s; warm-up {result['warmup_s']}s; profiled {result['profiled_ms_per_step']} ms/step of which "
-          f"kernels {result['kernel_ms_per_step']} ms", flush=True)
+          f"kernels {result['kernel_ms_per_step']} ms; peak GPU memory {result['peak_gpu_gb']} GB", flush=True)
     for kind, ms in result["kernel_ms_per_step_by_kind"].items():
         print(f"[pack_profile]   {ms:7.2f} ms  {kind}", flush=True)
     for name, ms in list(result["top_kernels_ms_per_step"].items())[:8]:

@@ -529,21 +529,33 @@ def _train_group(runs, logs, device, precision, progress, stop, resume, compile)
     return {"runs": len(runs), "updates": group.updates, "seconds": seconds, "tokens": tokens_seen}
 
 
-def grouped(runs, max_group, max_bytes=None):
-    """The runs split by `group_key` and seed, at most `max_group` to a chunk and, given max_bytes, at most as many
-    as `estimated_gpu_bytes` puts under it (at least one).
+# Small models stack one seed's runs only from this many on. A step of stacked BERT-small runs costs about 3 ms of
+# kernels whatever the group's size, plus about 0.86 ms per run at one seed's padding (H100, docs/benchmarks.md):
+# below about 4 runs a seed, five seeds' padding costs less than five groups' steps.
+SEPARATE_SEEDS_FROM = 4
 
-    Seeds are not stacked: fairseq cuts batches from sentences sorted by length and each seed shuffles them, so
-    seeds stacked together pad to the longest of their batches: 1.64 tokens per real token for Dufter's five seeds
-    against 1.02 for one, in epoch 1 of his training set (docs/benchmarks.md)."""
+
+def grouped(runs, max_group, max_bytes=None):
+    """The runs split by `group_key` and, mostly, by seed; at most `max_group` to a chunk and, given max_bytes, at
+    most as many as `estimated_gpu_bytes` puts under it (at least one).
+
+    fairseq cuts batches from sentences sorted by length and each seed shuffles them, so seeds stacked together pad
+    to the longest of their batches: 1.64 tokens per real token for Dufter's five seeds against 1.02 for one, in
+    epoch 1 of his training set (docs/benchmarks.md). A key's runs are therefore grouped by seed, unless the model
+    is small (not `fills_gpu`) and some seed has fewer than SEPARATE_SEEDS_FROM runs of it."""
     groups = {}
     for run in runs:
-        groups.setdefault((group_key(run), run.cfg.common.seed), []).append(run)
+        groups.setdefault(group_key(run), []).append(run)
     chunks = []
     for members in groups.values():
         size = max_group if max_bytes is None else max(1, min(max_group, int(max_bytes // estimated_gpu_bytes(
             members[:1]))))
-        chunks += [members[i:i + size] for i in range(0, len(members), size)]
+        seeds = {}
+        for run in members:
+            seeds.setdefault(run.cfg.common.seed, []).append(run)
+        separate = fills_gpu(members) or min(map(len, seeds.values())) >= SEPARATE_SEEDS_FROM
+        for part in (seeds.values() if separate else [members]):
+            chunks += [part[i:i + size] for i in range(0, len(part), size)]
     return chunks
 
 
@@ -609,7 +621,7 @@ def fills_gpu(runs):
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
     one group's Python overlaps the others' kernels. A group takes at most 60 % of a GPU's memory budget (by
-    `estimated_gpu_bytes`: two BERT-base runs, or 30 BERT-small ones); larger models start first, and a group that
+    `estimated_gpu_bytes`: two BERT-base runs on an 80 GB GPU); larger models start first, and a group that
     fills a GPU (`fills_gpu`) never shares one with another such group; with several GPUs each process runs on one
     of them, the least loaded. `compile` (default: on a GPU) compiles the stacked layers and the optimizer step.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),

@@ -134,29 +134,34 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
 
 
 def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
-    """A group per seed (stacked seeds would pad to each other's batches); a lang-pos run joins its seed's."""
+    """A process per group of at most --max-group runs; a lang-pos run stacks with shared-position ones."""
     commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (2, 1)]
     commands.append(command(fake_english_data, tmp_path, "lp", 1, "--lang-pos", "--max-update", "5"))
-    result = packed_training.train_side_by_side(commands, tmp_path / "pack")  # bf16, as on the GPU
+    result = packed_training.train_side_by_side(commands, tmp_path / "pack", max_group=2)  # bf16, as on the GPU
     assert sorted([g["runs"] for g in p["groups"]] for p in result["processes"]) == [[1], [2]]
     assert sorted(p.name for p in (tmp_path / "pack" / "logs").iterdir()) == ["0.log", "1.log"]
     for name in ("s1", "s2", "lp"):
         assert read_fairseq_log(tmp_path / name / "train.log", "train")[-1]["train_num_updates"] == 5
 
 
-def test_groups_are_one_seed_cut_to_the_memory_budget(fake_english_data, tmp_path):
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"{name}{seed}", seed, *flags))
-            for seed in (1, 2) for name, flags in (("a", ()), ("b", ("--lang-pos",)), ("c", ("--no-random",)))]
+def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_english_data, tmp_path):
+    flags = [(), ("--lang-pos",), ("--no-random",), ("--shift-special",)]
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"{i}s{seed}", seed, *f))
+            for seed in (1, 2) for i, f in enumerate(flags)]
     one = packed_training.estimated_gpu_bytes(runs[:1])
+    assert packed_training.SEPARATE_SEEDS_FROM == len(flags) and not packed_training.fills_gpu(runs)  # tiny models
     seeds = [[run.cfg.common.seed for run in c] for c in packed_training.grouped(runs, 40)]
-    assert seeds == [[1, 1, 1], [2, 2, 2]]
-    assert [len(c) for c in packed_training.grouped(runs, 2)] == [2, 1, 2, 1]
-    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=2.5 * one)] == [2, 1, 2, 1]
-    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=0.5 * one)] == [1] * 6
-    assert not packed_training.fills_gpu(runs)  # tiny test models
-    base = packed_training.parse_run(command(fake_english_data, tmp_path, "base", 1, "--encoder-layers", "12",
-                                             "--encoder-embed-dim", "768", "--encoder-ffn-embed-dim", "3072"))
-    assert packed_training.fills_gpu([base])  # BERT-base's shape
+    assert seeds == [[1] * 4, [2] * 4]
+    assert [len(c) for c in packed_training.grouped(runs, 3)] == [3, 1, 3, 1]
+    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=2.5 * one)] == [2, 2, 2, 2]
+    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=0.5 * one)] == [1] * 8
+    # fewer runs a seed than that: small models stack across seeds
+    assert [len(c) for c in packed_training.grouped(runs[:3] + runs[4:7], 40)] == [6]
+    base = [packed_training.parse_run(command(fake_english_data, tmp_path, f"base{seed}", seed, "--encoder-layers",
+                                              "12", "--encoder-embed-dim", "768", "--encoder-ffn-embed-dim", "3072"))
+            for seed in (1, 2)]
+    assert packed_training.fills_gpu(base)  # BERT-base's shape: its seeds never stack
+    assert [[run.cfg.common.seed for run in c] for c in packed_training.grouped(base, 40)] == [[1], [2]]
 
 
 def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, tmp_path):
