@@ -595,12 +595,13 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
 def estimated_gpu_bytes(runs):
     """A rough upper bound of a group's GPU memory, to keep groups side by side from running out of it: per run,
     20 bytes a weight (fp32 master, gradient, two Adam moments, bf16 copy) and the bf16 activations that backward
-    keeps for a batch of the longest sentences (about 10 hidden-size and 3 FFN-size values per token and layer),
-    with 25 % slack. A BERT-base run comes to about 18 GB, a BERT-small one to about 1.4 GB."""
+    keeps for a batch of the longest sentences (about 5 hidden-size and 2 FFN-size values per token and layer: 3
+    stacked BERT-base runs peaked at 20.6 GB on an H200, their longest batch 256 x 93 tokens, docs/benchmarks.md),
+    with 25 % slack. A BERT-base run comes to about 12 GB, a BERT-small one to about 0.9 GB."""
     m, c = runs[0].cfg.model, runs[0].cfg
     d, f, layers = m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_layers
     tokens = c.dataset.batch_size * c.task.tokens_per_sample
-    activations = layers * tokens * (10 * d + 3 * f) * 2
+    activations = layers * tokens * (5 * d + 2 * f) * 2
     return len(runs) * (20 * weight_count(runs[0]) + 1.25 * activations)
 
 
@@ -621,7 +622,7 @@ def fills_gpu(runs):
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None):
     """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
     one group's Python overlaps the others' kernels. A group takes at most 60 % of a GPU's memory budget (by
-    `estimated_gpu_bytes`: two BERT-base runs on an 80 GB GPU); larger models start first, and a group that
+    `estimated_gpu_bytes`: three BERT-base runs on an 80 GB GPU); larger models start first, and a group that
     fills a GPU (`fills_gpu`) never shares one with another such group; with several GPUs each process runs on one
     of them, the least loaded. `compile` (default: on a GPU) compiles the stacked layers and the optimizer step.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
