@@ -276,14 +276,13 @@ class GroupData:
         self.pad = pad
 
     def batch(self, indices, generator):
-        """indices: one array of item ids per run -> (inputs, langs, positions, target ids, has_padding, ntokens)."""
+        """indices: one array of item ids per run -> (inputs, langs, positions, target ids, ntokens)."""
         n, width = len(indices), max(len(i) for i in indices)
         rows = np.full((n, width), self.blank, dtype=np.int64)
         for slot, ids in enumerate(indices):
             rows[slot, :len(ids)] = ids
         sizes = np.stack([self.sizes[slot][rows[slot]] for slot in range(n)])
         length = int(sizes.max())
-        has_padding = bool((sizes < length).any())
         budget = max(max_targets(s, self.masker.mask_prob) for s in sizes)
         rows_t = torch.from_numpy(rows)
         if self.tokens.is_cuda:  # pinned: the copy queues behind the GPU's work instead of waiting for it
@@ -299,7 +298,7 @@ class GroupData:
         positions = torch.sort((~is_target).to(torch.uint8), dim=1, stable=True).indices[:, :budget]
         valid = is_target.gather(1, positions)
         target_ids = torch.where(valid, targets.view(n, -1).gather(1, positions), -100)
-        return inputs.view(n, width, length), langs, positions, target_ids, has_padding, int(sizes.sum())
+        return inputs.view(n, width, length), langs, positions, target_ids, int(sizes.sum())
 
 
 def record_line(tag, record):
@@ -382,8 +381,8 @@ class PackedGroup:
         the batch) without waiting for the GPU."""
         stacked = self.stacked
         batch = self.data.batch(indices, self.generator)
-        inputs, langs, positions, target_ids, has_padding, _ = batch
-        logits = stacked.masked_logits(inputs, langs, positions, *self.dropouts, has_padding=has_padding)
+        inputs, langs, positions, target_ids, _ = batch
+        logits = stacked.masked_logits(inputs, langs, positions, *self.dropouts)
         losses = F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100,
                                  reduction="none").view(len(self.runs), -1).sum(1)
         counts = target_ids.ne(-100).sum(1)

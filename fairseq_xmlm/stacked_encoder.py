@@ -129,12 +129,8 @@ class StackedEncoder:
         self.any_lang_pos = bool(self.lang_pos.any())
         avoid_cudnn_attention()
         # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
-        # memory-bound passes, and a small model launches fewer kernels. Each of (top layer or not) x (padded batch
-        # or not) compiles for its first shape and again for any: one seed's batches passed dynamo's default limit
-        # of 8 graphs a function, after which the layer ran uncompiled (H100)
+        # memory-bound passes, and a small model launches fewer kernels
         self.encoder_layer = torch.compile(encoder_layer) if compile else encoder_layer
-        if compile:
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
         self.layout, offset = [], 0  # (name, offset, size, shape)
         for name, shape in shapes.items():
             self.layout.append((name, offset, math.prod(shape), shape))
@@ -203,15 +199,15 @@ class StackedEncoder:
             x = x + (segment * lang_pos.unsqueeze(-1)).unsqueeze(2)
         return _layer_norm(x + positions, w["embedding_norm.weight"], w["embedding_norm.bias"])
 
-    def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                      has_padding=True):
+    def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0):
         """Logits (N, M, V) at `positions` (N, M) (flat indices into each model's B*T), for all N models at once.
 
-        Dropout as in training when the rates are > 0 (0 = evaluation). `has_padding` False (known on the host from
-        the batch's lengths) drops the attention mask, so SDPA may use the flash kernel, as the model does.
+        Dropout as in training when the rates are > 0 (0 = evaluation). The attention gets its padding mask even
+        for a batch without padding: SDPA then takes its memory-efficient kernels, never flash, which on these
+        sentences (median 29 tokens) took about 4x as long per token (docs/benchmarks.md).
         """
         n, b, t = tokens.shape
-        keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t) if has_padding else None
+        keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t)
         x = F.dropout(self.embed(tokens, langs), dropout)
         for i, (block, layout) in enumerate(zip(self.layer_blocks, self.layer_layouts)):
             top = i == self.num_layers - 1

@@ -45,8 +45,8 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
     stacked = StackedEncoder([run.model for run in runs], torch.device("cpu"))
     group = packed_training.GroupData(runs, torch.device("cpu"))
     batches = [packed_training.epoch_batches(run, 1)[0] for run in runs]
-    inputs, langs, positions, target_ids, has_padding, _ = group.batch(batches, torch.Generator().manual_seed(0))
-    logits = stacked.masked_logits(inputs, langs, positions, has_padding=has_padding)
+    inputs, langs, positions, target_ids, _ = group.batch(batches, torch.Generator().manual_seed(0))
+    logits = stacked.masked_logits(inputs, langs, positions)
     for slot, run in enumerate(runs):
         run.model.eval()
         features = run.model(inputs[slot], langs[slot], features_only=True)[0].reshape(-1, 32)
@@ -172,13 +172,12 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
     group = packed_training.GroupData(runs, cpu)
     schedules = [packed_training.epoch_batches(run, 1) for run in runs]
     for step in range(3):  # new lengths: compiled once for the first, once with a dynamic length after
-        inputs, langs, positions, _, has_padding, _ = group.batch([s[step] for s in schedules],
-                                                                   torch.Generator().manual_seed(step))
+        inputs, langs, positions, _, _ = group.batch([s[step] for s in schedules], torch.Generator().manual_seed(step))
         for stacked in (eager, compiled):
             stacked.compute_grad.zero_()
-            stacked.masked_logits(inputs, langs, positions, has_padding=has_padding).square().mean().backward()
-        assert torch.allclose(compiled.masked_logits(inputs, langs, positions, has_padding=has_padding),
-                              eager.masked_logits(inputs, langs, positions, has_padding=has_padding), atol=1e-5)
+            stacked.masked_logits(inputs, langs, positions).square().mean().backward()
+        assert torch.allclose(compiled.masked_logits(inputs, langs, positions),
+                              eager.masked_logits(inputs, langs, positions), atol=1e-5)
         assert torch.allclose(compiled.compute_grad, eager.compute_grad, atol=1e-6)
 
 
