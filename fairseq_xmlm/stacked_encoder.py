@@ -204,8 +204,8 @@ class StackedEncoder:
 
         Dropout as in training when the rates are > 0 (0 = evaluation). The attention gets its padding mask even
         for a batch without padding: SDPA then takes its memory-efficient kernels, never flash, which on Dufter's
-        sentences (median 29 tokens) took about 4.5x as long per token. With the mask always, a 3-run BERT-base step spent
-        5.9 ms in attention instead of 9.3 (H200, docs/benchmarks.md).
+        sentences (median 29 tokens) took about 4.5x as long per token. With the mask always, a 3-run BERT-base
+        step spent 5.9 ms in attention instead of 9.3 (H200, docs/benchmarks.md).
         """
         n, b, t = tokens.shape
         keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t)
