@@ -53,8 +53,8 @@ def _product(x, weight, bias):
 def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_dropout, activation_dropout,
                   rows=None):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
-    one row, `layout` their in-layer names -> (offset, size, shape) in a row, keep (N*B, 1, 1, T) or None. A plain
-    function of tensors, so one torch.compile serves every layer.
+    one row, `layout` their in-layer names -> (offset, size, shape) in a row, keep (N*B, 1, 1, T) the padding
+    mask. A plain function of tensors, so one torch.compile serves every layer.
 
     With `rows` (N, M), flat indices into each model's B*T, the layer returns only those positions, (N, M, D): the
     top layer, where only the targets reach the loss. Every position still serves as a key and value of the
