@@ -6,8 +6,8 @@
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
 and its task, model (initialised with the command's seed, exactly as fairseq-train does) and training set are built
-by fairseq; runs with the same model shape, optimiser settings, schedule and seed (`group_key`, `grouped`) are then
-trained together as one `StackedEncoder`, up to --max-group runs at a time.
+by fairseq; runs with the same model shape, optimiser settings and schedule (`group_key`), and mostly of one seed
+(`grouped`), are then trained together as one `StackedEncoder`, up to --max-group runs at a time.
 `train_side_by_side` runs each group in its own process, several at once on the GPU. What each run gets is what
 fairseq-train would give it:
 
