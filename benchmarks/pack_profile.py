@@ -4,14 +4,13 @@
         --out OUT/pack_prof
 
 Each group is a list of run IDs of `examples/dufter/run.py full`, for the first --seeds of its seeds, all stacked
-into one model (each run on its own seed's batches, as packed_training does; the recipe's groups hold one seed). For
-every group and variant (eager; compile = the stacked layers and the optimizer step under torch.compile;
+into one model (each run on its own seed's batches, as packed_training does; the recipe's groups mostly hold one
+seed). For every group and variant (eager; compile = the stacked layers and the optimizer step under torch.compile;
 compile_cudnn = the same with cuDNN's attention kernels first, and inductor's caches off for the rest of the
-process) in this process, one after another: --warmup steps
-(more than an epoch's 69 batches, so every batch shape has been compiled; the time is printed), --steps timed steps
-(synchronised wall: ms per step, run-updates/s, tokens/s; peak GPU memory), then --profile-steps under
-torch.profiler: kernel time per step, by kind of kernel and by kernel, against the profiled wall (the rest is the
-GPU waiting on the host).
+process) in this process, one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape
+has been compiled; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
+tokens/s; peak GPU memory), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and
+by kernel, against the profiled wall (the rest is the GPU waiting on the host).
 Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the
 profiler's operator table by host time. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier
 commit, to compare in the same call). Not a test.
