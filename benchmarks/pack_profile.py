@@ -12,10 +12,12 @@ has been compiled; the time is printed), --steps timed steps (synchronised wall:
 tokens/s; peak GPU memory), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and
 by kernel, against the profiled wall (the rest is the GPU waiting on the host).
 Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the
-profiler's operator table by host time. With --plugin DIR the runs use another fairseq_xmlm tree (an earlier
+profiler's operator table by host time (.txt), every kernel's ms and launches per step (_kernels.tsv) and, with
+--trace, the profiled steps' timeline (.trace.json.gz, chrome://tracing or Perfetto). With --plugin DIR the runs use another fairseq_xmlm tree (an earlier
 commit, to compare in the same call). Not a test.
 """
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -81,6 +83,19 @@ def profile_group(group, schedules, args, device):
     return result, profiler
 
 
+def write_kernel_table(events, steps, path):
+    """Every kernel of the profiled steps: ms and launches per step, kind, name; the longest first."""
+    import profile_step
+
+    times, launches = {}, {}
+    for event in filter(profile_step.is_kernel, events):
+        times[event.name] = times.get(event.name, 0.0) + event.device_time
+        launches[event.name] = launches.get(event.name, 0) + 1
+    rows = [f"{us / 1e3 / steps:.4f}\t{launches[name] / steps:g}\t{profile_step.kernel_kind(name)}\t{name}"
+            for name, us in sorted(times.items(), key=lambda kv: -kv[1])]
+    path.write_text("ms_per_step\tlaunches_per_step\tkind\tkernel\n" + "\n".join(rows) + "\n")
+
+
 def report(result, ids, variant):
     print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {result['stacked']} stacked) {variant}: "
           f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, {result['tokens_per_s']} "
@@ -103,6 +118,7 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--plugin", help="a fairseq_xmlm folder to use instead of this checkout's")
+    parser.add_argument("--trace", action="store_true", help="also write the profiled steps' timeline (.trace.json.gz)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.plugin:
@@ -144,8 +160,15 @@ def main():
             results.append(result)
             report(result, ids, variant)
             # the host's side: where a step that is not GPU-bound spends its time
-            (out / f"{ids.replace(',', '-')}_{len(runs)}_{variant}.txt").write_text(
+            stem = out / f"{ids.replace(',', '-')}_{len(runs)}_{variant}"
+            stem.with_suffix(".txt").write_text(
                 profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+            write_kernel_table(profiler.events(), args.profile_steps, Path(f"{stem}_kernels.tsv"))
+            if args.trace:
+                profiler.export_chrome_trace(f"{stem}.trace.json")
+                with open(f"{stem}.trace.json", "rb") as f, gzip.open(f"{stem}.trace.json.gz", "wb") as z:
+                    z.write(f.read())
+                Path(f"{stem}.trace.json").unlink()
             (out / "pack_profile.json").write_text(json.dumps({"results": results, "argv": sys.argv[1:]}, indent=1))
             del group
             if device.type == "cuda":
