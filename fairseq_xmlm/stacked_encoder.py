@@ -45,8 +45,7 @@ def _linear(x, weight, bias):
 def _product(x, weight, bias):
     """`_linear` with the bias added after the product: compiled, the add fuses into the next elementwise kernel,
     where `baddbmm` first copies the broadcast bias into its output (copies went from 3.3 to 0.9 ms of a 2-run
-    BERT-base step on an H100, docs/benchmarks.md). The qkv projection keeps `baddbmm`: in this form there,
-    inductor's CPU backward fails a stride assertion on the attention's saved tensors (torch 2.13)."""
+    BERT-base step on an H100, docs/benchmarks.md)."""
     return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
 
 
@@ -67,8 +66,18 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
          for name, (offset, size, shape) in layout.items()}
     n, b, t, d = x.shape
     h = x.reshape(n, b * t, d)
-    qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
-    q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+    if heads > 1:
+        # three products, as the model's SelfAttention does: backward hands each its attention gradient as it is,
+        # where one product split afterwards first gathers the three into one (B*T, 3D) gradient (1.2 of 36 kernel
+        # ms of a 3-run BERT-base step on an H200, docs/benchmarks.md)
+        q, k, v = (_product(h, weight, bias).view(n * b, t, heads, d // heads).transpose(1, 2)
+                   for weight, bias in zip(w["attention.qkv.weight"].chunk(3, dim=1),
+                                           w["attention.qkv.bias"].chunk(3, dim=1)))
+    else:
+        # one head (BERT-small): one product, split after. Compiled on CUDA, the three products' backward fails an
+        # assertion on a saved tensor's strides at the second length (torch 2.11, docs/benchmarks.md)
+        qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
+        q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
     y = y.transpose(1, 2).reshape(n, b * t, d)
     if rows is not None:

@@ -37,8 +37,11 @@ def fairseq_sample(inputs, langs, positions, target_ids, slot, pad):
             "net_input": {"src_tokens": tokens[real], "lang_ids": lang_ids[real]}, "target": targets[real]}
 
 
-@pytest.mark.parametrize("flags", [((), ()), (("--lang-pos",), ("--lang-pos",)), ((), ("--lang-pos",))],
-                         ids=["shared-positions", "lang-pos", "both"])
+ONE_HEAD = ("--encoder-attention-heads", "1")  # BERT-small's: the stacked layer projects q, k, v in one product
+
+
+@pytest.mark.parametrize("flags", [((), ()), (("--lang-pos",), ("--lang-pos",)), ((), ("--lang-pos",)),
+                                   (ONE_HEAD, ONE_HEAD)], ids=["shared-positions", "lang-pos", "both", "one-head"])
 def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
     runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *f)).build()
             for s, f in zip((1, 2), flags)]
@@ -164,8 +167,9 @@ def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_engli
     assert [[run.cfg.common.seed for run in c] for c in packed_training.grouped(base, 40)] == [[1], [2]]
 
 
-def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, tmp_path):
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *flags)).build()
+@pytest.mark.parametrize("heads", [(), ONE_HEAD], ids=["two-heads", "one-head"])
+def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, tmp_path, heads):
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *flags, *heads)).build()
             for s, flags in ((1, ()), (2, ("--lang-pos",)))]
     cpu = torch.device("cpu")
     eager, compiled = (StackedEncoder([run.model for run in runs], cpu, compile=flag) for flag in (False, True))
