@@ -11,10 +11,10 @@ process) in this process, one after another: --warmup steps (more than an epoch'
 has been compiled; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
 tokens/s; peak GPU memory), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and
 by kernel, against the profiled wall (the rest is the GPU waiting on the host).
-Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the
-profiler's operator table by host time (.txt), every kernel's ms and launches per step (_kernels.tsv) and, with
---trace, the profiled steps' timeline (.trace.json.gz, chrome://tracing or Perfetto). With --plugin DIR the runs use another fairseq_xmlm tree (an earlier
-commit, to compare in the same call). Not a test.
+Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the profiler's
+operator table by host time (.txt), every kernel's ms and launches per step (_kernels.tsv) and, with --trace, the
+profiled steps' timeline (.trace.json.gz, chrome://tracing or Perfetto). With --plugin DIR the runs use another
+fairseq_xmlm tree (an earlier commit, to compare in the same call). Not a test.
 """
 import argparse
 import gzip

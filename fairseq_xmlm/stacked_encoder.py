@@ -75,7 +75,7 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
                                            w["attention.qkv.bias"].chunk(3, dim=1)))
     else:
         # one head (BERT-small): one product, split after. Compiled on CUDA, the three products' backward fails an
-        # assertion on a saved tensor's strides at the second length (torch 2.11, docs/benchmarks.md)
+        # assertion on a saved tensor's strides at a new sentence length (torch 2.11, docs/benchmarks.md)
         qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
         q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
