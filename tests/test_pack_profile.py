@@ -26,3 +26,19 @@ def test_tokens_per_second_counts_each_token_once():
     assert result["stacked"] == 2
     # 100 tokens in the time of 4 run-updates
     assert abs(result["tokens_per_s"] / result["run_updates_per_s"] - 100 / 4) < 0.5
+
+
+def test_kernel_table_lists_every_kernel_per_step_longest_first(tmp_path):
+    def kernel(name, us):
+        return Namespace(name=name, device_time=us, device_type=torch.autograd.DeviceType.CUDA,
+                         is_user_annotation=False)
+
+    host_op = Namespace(name="aten::add_", device_time=0.0, device_type=torch.autograd.DeviceType.CPU,
+                        is_user_annotation=False)
+    events = [kernel("triton_poi_fused_add_0", 100.0), host_op, kernel("nvjet_sm90_tst_gemm", 900.0),
+              kernel("triton_poi_fused_add_0", 300.0)]
+    pack_profile.write_kernel_table(events, 2, tmp_path / "kernels.tsv")
+    lines = (tmp_path / "kernels.tsv").read_text().splitlines()
+    assert lines == ["ms_per_step\tlaunches_per_step\tkind\tkernel",
+                     "0.4500\t0.5\tmatrix products\tnvjet_sm90_tst_gemm",
+                     "0.2000\t1\tcompiled (triton)\ttriton_poi_fused_add_0"]
