@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 def child(spec, args):
     """One group: build, warm up, print `ready`; then on `go SECONDS` train that long and print the result."""
     sys.path.insert(0, str(HERE))
+    import pack_profile
     import pack_speed
     from fairseq_xmlm import packed_training
 
@@ -41,12 +42,7 @@ def child(spec, args):
     cuda = torch.cuda.is_available()  # the CPU only to try the script out: eager, and slow
     group = packed_training.PackedGroup(runs, torch.device("cuda" if cuda else "cpu"), compile=cuda)
     synchronise = torch.cuda.synchronize if cuda else (lambda: None)
-    steps = iter(range(10 ** 9))
-
-    def step():
-        at = next(steps) % len(schedules[0])
-        group.step([schedule[at] for schedule in schedules])
-
+    step = pack_profile.cycling_steps(group, schedules)
     started = time.perf_counter()
     for _ in range(args.warmup):
         step()
@@ -112,12 +108,13 @@ def main():
             sizes[spec], device = int(ready[1]), " ".join(ready[3:])
             print(f"[pack_overlap] group {spec}: {ready[1]} runs, warm-up {ready[2]} s", flush=True)
 
+        process_of = dict(zip(args.groups, children))
+
         def phase(members):
             for spec in members:
-                children[args.groups.index(spec)].stdin.write(f"go {args.seconds}\n")
-                children[args.groups.index(spec)].stdin.flush()
-            return {spec: [float(x) for x in children[args.groups.index(spec)].stdout.readline().split()[1:]]
-                    for spec in members}
+                process_of[spec].stdin.write(f"go {args.seconds}\n")
+                process_of[spec].stdin.flush()
+            return {spec: [float(x) for x in process_of[spec].stdout.readline().split()[1:]] for spec in members}
 
         alone = {}
         for spec in args.groups:

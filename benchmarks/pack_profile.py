@@ -35,16 +35,23 @@ def synchronise(device):
         torch.cuda.synchronize()
 
 
+def cycling_steps(group, schedules):
+    """A function that makes the group's next step, every run on its own seed's next batch (epoch 1's, cycling), and
+    returns the step's real tokens, summed over the runs."""
+    steps = iter(range(10 ** 9))
+
+    def step():
+        at = next(steps) % len(schedules[0])
+        return group.step([schedule[at] for schedule in schedules])[2][-1]
+
+    return step
+
+
 def profile_group(group, schedules, args, device):
     """Warm-up, timed and profiled steps of one PackedGroup -> (result dict, profiler)."""
     import profile_step
 
-    steps = iter(range(10 ** 9))
-
-    def step():  # every run on its own seed's batch; returns the step's real tokens, summed over the runs
-        at = next(steps) % len(schedules[0])
-        return group.step([schedule[at] for schedule in schedules])[2][-1]
-
+    step = cycling_steps(group, schedules)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
@@ -87,9 +94,8 @@ def write_kernel_table(events, steps, path):
     """Every kernel of the profiled steps: ms and launches per step, kind, name; the longest first."""
     import profile_step
 
-    times, launches = {}, {}
+    times, launches = profile_step.kernel_times(events), {}
     for event in filter(profile_step.is_kernel, events):
-        times[event.name] = times.get(event.name, 0.0) + event.device_time
         launches[event.name] = launches.get(event.name, 0) + 1
     rows = [f"{us / 1e3 / steps:.4f}\t{launches[name] / steps:g}\t{profile_step.kernel_kind(name)}\t{name}"
             for name, us in sorted(times.items(), key=lambda kv: -kv[1])]
