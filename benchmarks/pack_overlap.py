@@ -1,11 +1,12 @@
 """How much packed groups gain from sharing one GPU: each group alone, then all of them at once.
 
     python3 benchmarks/pack_overlap.py --groups 15,16,17 0,1,2,3,4,5,6,7,8,9,30 21,21b:5 --seconds 20 \
-        --out OUT/overlap [--mps]
+        --out OUT/overlap [--mps] [--cuda-graphs]
 
 Each group is a list of run IDs of `examples/dufter/run.py full` (":S" stacks the first S seeds, default 1), built,
 compiled and warmed up in a process of its own, as `--gpu-pack` runs its groups (`packed_training.PackedGroup`,
-compiled, bf16, real batches of epoch 1 in fairseq's order). Then the parent has the groups train for --seconds:
+compiled, bf16, real batches of epoch 1 in fairseq's order; with --cuda-graphs each batch shape's update replayed
+as a CUDA graph, as `--gpu-pack` does). Then the parent has the groups train for --seconds:
 each alone, then all at the same time. It prints every group's run-updates/s in both phases and their ratio, and
 the sum of the ratios: 1 means that the groups merely took turns on the GPU, more means that one group's work
 filled another's gaps (a host-bound group's idle GPU, a small group's idle SMs).
@@ -40,7 +41,8 @@ def child(spec, args):
     runs = [packed_training.parse_run(c).build() for c in commands]
     schedules = [packed_training.epoch_batches(run, 1) for run in runs]
     cuda = torch.cuda.is_available()  # the CPU only to try the script out: eager, and slow
-    group = packed_training.PackedGroup(runs, torch.device("cuda" if cuda else "cpu"), compile=cuda)
+    group = packed_training.PackedGroup(runs, torch.device("cuda" if cuda else "cpu"), compile=cuda,
+                                        cuda_graphs=args.cuda_graphs)
     synchronise = torch.cuda.synchronize if cuda else (lambda: None)
     step = pack_profile.cycling_steps(group, schedules)
     started = time.perf_counter()
@@ -84,6 +86,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=80, help="steps before timing (an epoch is 69 batches)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each timed phase")
     parser.add_argument("--mps", action="store_true", help="run the groups as clients of an MPS server")
+    parser.add_argument("--cuda-graphs", action="store_true", help="replay each group's updates as CUDA graphs")
     parser.add_argument("--out", required=True)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -97,7 +100,7 @@ def main():
         for number, spec in enumerate(args.groups):
             command = [sys.executable, __file__, "--child", spec] + sum(
                 ([f"--{k.replace('_', '-')}", str(v)] for k, v in vars(args).items()
-                 if k in ("data", "knn_table", "warmup", "out")), [])
+                 if k in ("data", "knn_table", "warmup", "out")), []) + (["--cuda-graphs"] if args.cuda_graphs else [])
             children.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                              stderr=open(out / f"group{number}.log", "w"), env=env))
         sizes = {}
@@ -140,7 +143,8 @@ def main():
     print(f"[pack_overlap] sum of together/alone{' under MPS' if args.mps else ''}: {total:.3f} "
           f"(1 = the groups took turns)", flush=True)
     (out / "pack_overlap.json").write_text(json.dumps(
-        {"device": device, "mps": args.mps, "seconds": args.seconds, "rows": rows, "sum": total,
+        {"device": device, "mps": args.mps, "cuda_graphs": args.cuda_graphs, "seconds": args.seconds, "rows": rows,
+         "sum": total,
          "argv": sys.argv[1:]}, indent=1))
 
 

@@ -7,8 +7,9 @@ Each group is a list of run IDs of `examples/dufter/run.py full`, for the first 
 into one model (each run on its own seed's batches, as packed_training does; the recipe's groups mostly hold one
 seed). For every group and variant (eager; compile = the stacked layers and the optimizer step under torch.compile;
 compile_cudnn = the same with cuDNN's attention kernels first, and inductor's caches off for the rest of the
-process) in this process, one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape
-has been compiled; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
+process; compile_graphs = compile, and each batch shape's whole update replayed as a CUDA graph) in this process,
+one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled and
+captured; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
 tokens/s; peak GPU memory), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and
 by kernel, against the profiled wall (the rest is the GPU waiting on the host).
 Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the profiler's
@@ -106,7 +107,9 @@ def report(result, ids, variant):
     print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {result['stacked']} stacked) {variant}: "
           f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, {result['tokens_per_s']} "
           f"tokens/s; warm-up {result['warmup_s']}s; profiled {result['profiled_ms_per_step']} ms/step of which "
-          f"kernels {result['kernel_ms_per_step']} ms; peak GPU memory {result['peak_gpu_gb']} GB", flush=True)
+          f"kernels {result['kernel_ms_per_step']} ms; peak GPU memory {result['peak_gpu_gb']} GB"
+          + (f"; {result['cuda_graphs']} CUDA graphs captured in {result['capture_s']}s" if result["cuda_graphs"]
+             else ""), flush=True)
     for kind, ms in result["kernel_ms_per_step_by_kind"].items():
         print(f"[pack_profile]   {ms:7.2f} ms  {kind}", flush=True)
     for name, ms in list(result["top_kernels_ms_per_step"].items())[:8]:
@@ -151,6 +154,8 @@ def main():
             if variant.startswith("compile"):
                 torch._dynamo.reset()  # compiled functions are shared by groups: start their caches afresh for this one
                 options["compile"] = True
+            if variant == "compile_graphs":
+                options["cuda_graphs"] = True
             if variant == "compile_cudnn":
                 # cuDNN's attention first while the layer is traced and runs. Inductor's caches off: a cached layer
                 # keeps the attention kernel chosen when it was first compiled (thirteenth session)
@@ -162,7 +167,9 @@ def main():
                 result, profiler = profile_group(group, schedules, args, device)
             result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
                       "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
-                      **result, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+                      **result, "cuda_graphs": len(group.graphs) if group.graphs is not None else None,
+                      "capture_s": round(group.capture_seconds, 1),
+                      "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
             results.append(result)
             report(result, ids, variant)
             # the host's side: where a step that is not GPU-bound spends its time

@@ -1,15 +1,17 @@
 """Train many Fake-English fairseq-train runs at once on one GPU, as stacked models (`examples/dufter --gpu-pack`).
 
     python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32] [--time-limit S]
-        [--compile]
+        [--compile] [--cuda-graphs] [--gpu-lock PATH]
 
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
 and its task, model (initialised with the command's seed, exactly as fairseq-train does) and training set are built
 by fairseq; runs with the same model shape, optimiser settings and schedule (`group_key`), and mostly of one seed
 (`grouped`), are then trained together as one `StackedEncoder`, up to --max-group runs at a time.
-`train_side_by_side` runs each group in its own process, several at once on the GPU. What each run gets is what
-fairseq-train would give it:
+`train_side_by_side` runs each group in its own process, several at once on the GPU; with --cuda-graphs (its
+default on a GPU) each batch shape's whole update is captured once and replayed, and --gpu-lock makes the
+processes take turns on the GPU, which such a group keeps busy by itself. What each run gets is what fairseq-train
+would give it:
 
 - batches: the task's batch iterator for that epoch and seed (`ordered_batches`, fairseq's own shuffling);
 - masking: the task's masker (`masking.mask_batch`, each run's replacement probabilities and mask symbols), drawn
@@ -33,6 +35,7 @@ Ctrl-C or --time-limit suspend the group at the next step: it saves its whole st
 and rerunning the same commands resumes it to the result an uninterrupted run gives.
 """
 import argparse
+import fcntl
 import json
 import math
 import os
@@ -210,17 +213,28 @@ class AdamState:
         self.clip_norm = clip_norm
         self.update = torch.compile(adam_update) if compile else adam_update
         self.step_count = 0
+        # this step's (lr, eps, 1 - beta1^t, sqrt(1 - beta2^t)), in one place on the device: a CUDA graph of the
+        # step reads it there at every replay
+        self.hyper = torch.zeros(4, device=flat.device)
 
-    def step(self, lr):
+    def schedule(self, lr):
+        """Count the step and queue its rate and bias corrections for `apply`."""
         self.step_count += 1
-        beta1, beta2 = self.betas
-        bias_correction2_sqrt = math.sqrt(1 - beta2 ** self.step_count)
+        bias_correction2_sqrt = math.sqrt(1 - self.betas[1] ** self.step_count)
         eps = self.eps if self.torch_style else self.eps / bias_correction2_sqrt
-        hyper = torch.tensor([lr, eps, 1 - beta1 ** self.step_count, bias_correction2_sqrt])
+        hyper = torch.tensor([lr, eps, 1 - self.betas[0] ** self.step_count, bias_correction2_sqrt])
         if self.flat.is_cuda:  # pinned: the copy queues behind the GPU's work instead of waiting for it
             hyper = hyper.pin_memory()
-        self.update(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, self.compute,
-                    hyper.to(self.flat.device, non_blocking=True), beta1, beta2, self.weight_decay, self.clip_norm)
+        self.hyper.copy_(hyper, non_blocking=True)
+
+    def apply(self):
+        """The update with the last `schedule`d values; also zeroes the gradients."""
+        self.update(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, self.compute, self.hyper, *self.betas,
+                    self.weight_decay, self.clip_norm)
+
+    def step(self, lr):
+        self.schedule(lr)
+        self.apply()
 
     def state_dict(self):
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "adam_steps": self.step_count}
@@ -275,30 +289,47 @@ class GroupData:
         self.candidate_set = datasets[0].candidate_set.to(device)
         self.pad = pad
 
-    def batch(self, indices, generator):
-        """indices: one array of item ids per run -> (inputs, langs, positions, target ids, ntokens)."""
+    def plan(self, indices):
+        """The host's part of a batch: indices (one array of item ids per run) -> (rows (N, width) of item ids, blank
+        where a run's batch is short; the longest sentence; how many targets a run can have, at most; real tokens).
+        The target bound is rounded up to a multiple of 64, so that groups mixing seeds meet few batch shapes (each
+        shape is one CUDA graph); the extra positions are non-targets, which the loss ignores."""
         n, width = len(indices), max(len(i) for i in indices)
         rows = np.full((n, width), self.blank, dtype=np.int64)
         for slot, ids in enumerate(indices):
             rows[slot, :len(ids)] = ids
         sizes = np.stack([self.sizes[slot][rows[slot]] for slot in range(n)])
         length = int(sizes.max())
-        budget = max(max_targets(s, self.masker.mask_prob) for s in sizes)
-        rows_t = torch.from_numpy(rows)
+        budget = min(-(-max(max_targets(s, self.masker.mask_prob) for s in sizes) // 64) * 64, width * length)
+        return rows, length, budget, int(sizes.sum())
+
+    def upload(self, rows):
+        rows = torch.from_numpy(rows)
         if self.tokens.is_cuda:  # pinned: the copy queues behind the GPU's work instead of waiting for it
-            rows_t = rows_t.pin_memory().to(self.tokens.device, non_blocking=True)
-        slots = torch.arange(n, device=rows_t.device).view(-1, 1)
-        tokens = self.tokens[slots, rows_t, :length].view(n * width, length)
-        langs = self.langs[slots, rows_t]
+            rows = rows.pin_memory().to(self.tokens.device, non_blocking=True)
+        return rows
+
+    def on_device(self, rows, length, budget, generator):
+        """The device's part: `plan`'s rows as a tensor -> (inputs (N, width, length), langs, positions (N, budget),
+        target ids (N, budget), -100 where a position is no target). No host sync, so a CUDA graph can hold it."""
+        n, width = rows.shape
+        slots = torch.arange(n, device=rows.device).view(-1, 1)
+        tokens = self.tokens[slots, rows, :length].view(n * width, length)
+        langs = self.langs[slots, rows]
         inputs, targets = self.masker(tokens, self.mask_ids[slots, langs].view(-1),
                                       self.candidate_set[langs].view(-1), generator, self.pad,
-                                      self.row_probs.repeat_interleave(width, dim=0))
+                                      self.row_probs.unsqueeze(1).expand(-1, width, -1).reshape(n * width, -1))
         is_target = targets.ne(self.pad).view(n, -1)
-        # targets first, in position order (stable sort), cut at the host-side bound: no device->host sync
+        # targets first, in position order (stable sort), cut at the host-side bound
         positions = torch.sort((~is_target).to(torch.uint8), dim=1, stable=True).indices[:, :budget]
         valid = is_target.gather(1, positions)
         target_ids = torch.where(valid, targets.view(n, -1).gather(1, positions), -100)
-        return inputs.view(n, width, length), langs, positions, target_ids, int(sizes.sum())
+        return inputs.view(n, width, length), langs, positions, target_ids
+
+    def batch(self, indices, generator):
+        """indices: one array of item ids per run -> (inputs, langs, positions, target ids, ntokens)."""
+        rows, length, budget, ntokens = self.plan(indices)
+        return (*self.on_device(self.upload(rows), length, budget, generator), ntokens)
 
 
 def record_line(tag, record):
@@ -351,10 +382,21 @@ def save_checkpoint(run, state_dict, epoch):
     os.replace(partial, run.checkpoint_path)
 
 
+def check_cuda_graphs(cuda_graphs, device):
+    if cuda_graphs and device.type != "cuda":
+        raise XmlmError("CUDA graphs need a GPU: drop --cuda-graphs")
+
+
+# Batch shapes a group captures as CUDA graphs at most; beyond that, new shapes run uncaptured. A group of one seed
+# meets at most one shape per batch of its epoch: 48 for the 69 batches of Dufter's training set (docs/benchmarks.md).
+MAX_GRAPHS = 256
+
+
 class PackedGroup:
     """The runs of one group_key as one stacked model with its optimiser and random streams."""
 
-    def __init__(self, runs, device, precision="bf16", compile=False):
+    def __init__(self, runs, device, precision="bf16", compile=False, cuda_graphs=False):
+        check_cuda_graphs(cuda_graphs, device)
         self.runs, self.device = runs, device
         first = runs[0].cfg
         torch.manual_seed(first.common.seed)  # dropout draws of the group
@@ -375,21 +417,55 @@ class PackedGroup:
                                            total_num_update=schedule.total_num_update,
                                            end_learning_rate=schedule.end_learning_rate, power=schedule.power)
         self.validate_every = [run.cfg.dataset.validate_interval_updates for run in runs]
+        # batch shape (width, length, target bound) -> (graph, its rows input, its outputs); None: no graphs
+        self.graphs = {} if cuda_graphs else None
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
+        self.capture_seconds = 0.0
 
     def step(self, indices):
         """One update of every run on its batch `indices[slot]`; returns (summed losses (N,), target counts (N,),
-        the batch) without waiting for the GPU."""
-        stacked = self.stacked
-        batch = self.data.batch(indices, self.generator)
-        inputs, langs, positions, target_ids, _ = batch
-        logits = stacked.masked_logits(inputs, langs, positions, *self.dropouts)
+        the batch (inputs, langs, positions, target ids, real tokens)) without waiting for the GPU. With CUDA
+        graphs these tensors are the graph's own, valid until the next step."""
+        rows, length, budget, ntokens = self.data.plan(indices)
+        self.updates += 1
+        self.adam.schedule(learning_rate(self.updates, self.schedule, self.peak_lr))
+        key = (rows.shape[1], length, budget)
+        if self.graphs is not None and key in self.graphs:
+            graph, graph_rows, outputs = self.graphs[key]
+            graph_rows.copy_(self.data.upload(rows), non_blocking=True)
+            graph.replay()
+        else:
+            outputs = self._update(self.data.upload(rows), length, budget)
+            if self.graphs is not None and len(self.graphs) < MAX_GRAPHS:
+                self.graphs[key] = self._capture(rows, length, budget)
+        losses, counts, batch = outputs
+        return losses, counts, (*batch, ntokens)
+
+    def _update(self, rows, length, budget):
+        """The device's whole update: masking, forward, loss, backward and the optimizer step (which also zeroes
+        the gradients)."""
+        batch = self.data.on_device(rows, length, budget, self.generator)
+        inputs, langs, positions, target_ids = batch
+        logits = self.stacked.masked_logits(inputs, langs, positions, *self.dropouts)
         losses = F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100,
                                  reduction="none").view(len(self.runs), -1).sum(1)
         counts = target_ids.ne(-100).sum(1)
         (losses / counts.clamp(min=1)).sum().backward()
-        self.updates += 1
-        self.adam.step(learning_rate(self.updates, self.schedule, self.peak_lr))  # also zeroes the gradients
+        self.adam.apply()
         return losses.detach(), counts, batch
+
+    def _capture(self, rows, length, budget):
+        """A CUDA graph of `_update` for this batch shape, captured after one update of that shape ran as is (which
+        compiled whatever it needed): its later batches replay the step's ~800 kernels in one launch, so a group
+        of small models no longer waits on Python. The graphs share one memory pool; the outputs of one are read
+        before another replays (stream order), which is all that sharing needs."""
+        started = time.perf_counter()
+        graph, graph_rows = torch.cuda.CUDAGraph(), torch.from_numpy(rows).to(self.device)
+        graph.register_generator_state(self.generator)  # the masking draws; dropout's default generator is known
+        with torch.cuda.graph(graph, pool=self.graph_pool):
+            outputs = self._update(graph_rows, length, budget)
+        self.capture_seconds += time.perf_counter() - started
+        return graph, graph_rows, outputs
 
     def state_dict(self):
         """Everything a resumed group needs to go on exactly as if never stopped: weights, Adam, random streams."""
@@ -440,7 +516,7 @@ def read_resume(runs):
     return state
 
 
-def train_group(runs, device, precision="bf16", progress=None, stop=None, compile=False):
+def train_group(runs, device, precision="bf16", progress=None, stop=None, compile=False, cuda_graphs=False):
     """Train `runs` (one group_key) together; writes each run's log and checkpoint. Returns timing facts, or None
     when `stop()` turned true before the end: the group then saved its state (`resume_path`) and the next call with
     the same runs goes on from there, with the same result as an uninterrupted run.
@@ -452,7 +528,8 @@ def train_group(runs, device, precision="bf16", progress=None, stop=None, compil
     resume = read_resume(runs)
     logs = [open(run.log_path + ".partial", "a" if resume else "w") for run in runs]
     try:
-        facts = _train_group(runs, logs, device, precision, progress, stop or (lambda: False), resume, compile)
+        facts = _train_group(runs, logs, device, precision, progress, stop or (lambda: False), resume, compile,
+                             cuda_graphs)
     except BaseException:
         for run, log in zip(runs, logs):
             log.close()
@@ -469,8 +546,8 @@ def train_group(runs, device, precision="bf16", progress=None, stop=None, compil
     return facts
 
 
-def _train_group(runs, logs, device, precision, progress, stop, resume, compile):
-    group = PackedGroup(runs, device, precision, compile)
+def _train_group(runs, logs, device, precision, progress, stop, resume, compile, cuda_graphs):
+    group = PackedGroup(runs, device, precision, compile, cuda_graphs)
     total, per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
     if any((run.total_updates, run.updates_per_epoch) != (total, per_epoch) for run in runs):
         raise XmlmError("runs packed together must have the same number of updates per epoch and in all")
@@ -525,7 +602,10 @@ def _train_group(runs, logs, device, precision, progress, stop, resume, compile)
         save_checkpoint(run, group.stacked.state_dict(slot), epoch)
         log.write(record_line("packed", {"updates": group.updates, "seconds": seconds,
                                          "tokens_per_s": tokens_seen / seconds}))
-    return {"runs": len(runs), "updates": group.updates, "seconds": seconds, "tokens": tokens_seen}
+    facts = {"runs": len(runs), "updates": group.updates, "seconds": seconds, "tokens": tokens_seen}
+    if group.graphs is not None:
+        facts.update(cuda_graphs=len(group.graphs), capture_seconds=round(group.capture_seconds, 1))
+    return facts
 
 
 # Small models stack one seed's runs only from this many on. A step of stacked BERT-small runs costs about 3 ms of
@@ -558,10 +638,35 @@ def grouped(runs, max_group, max_bytes=None):
     return chunks
 
 
-def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None, compile=False):
+def take_gpu(lock_path, stop, label):
+    """Wait until this process holds `lock_path` (an exclusive flock, one file per set of visible GPUs), checking
+    `stop()` meanwhile; returns the open lock file (closing it lets the next process in), or None when stopped."""
+    path = f"{lock_path}.{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}"
+    lock, waiting = open(path, "a"), False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except BlockingIOError:
+            pass
+        if not waiting:
+            print(f"{label}: waiting for the GPU ({path})", file=sys.stderr, flush=True)
+            waiting = True
+        if stop():
+            lock.close()
+            return None
+        time.sleep(0.2)
+
+
+def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None, compile=False, cuda_graphs=False,
+                 gpu_lock=None):
     """Parse every command, group them, train each group; returns a summary per group, None for a group that
-    `stop()` suspended (the groups after it do not start)."""
+    `stop()` suspended (the groups after it do not start). With `gpu_lock` (a path), a group trains only while
+    this process holds that lock (`take_gpu`): processes whose groups each keep the GPU busy (CUDA graphs) take
+    turns, and the next one builds its runs while the GPU is still busy with the last."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    check_cuda_graphs(cuda_graphs, device)  # before the runs are built
+    stop = stop or (lambda: False)
     runs = [parse_run(argv) for argv in commands]
     pending = [run for run in runs if not run.done()]
     for run in runs:
@@ -575,10 +680,19 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
         print(f"{label}: building", file=sys.stderr, flush=True)
         for run in chunk:
             run.build()
+        lock = gpu_lock and take_gpu(gpu_lock, stop, label)
+        if gpu_lock and lock is None:
+            print(f"{label}: stopped before it began; rerun to train it", file=sys.stderr, flush=True)
+            summary.append(None)
+            break
         print(f"{label}: training", file=sys.stderr, flush=True)
-        facts = train_group(chunk, device, precision,
-                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True), stop=stop,
-                            compile=compile)
+        try:
+            facts = train_group(chunk, device, precision,
+                                progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True),
+                                stop=stop, compile=compile, cuda_graphs=cuda_graphs)
+        finally:
+            if lock:
+                lock.close()
         for run in chunk:  # the next group's models take the memory
             run.task = run.model = run.criterion = None
         if facts is None:
@@ -618,12 +732,16 @@ def fills_gpu(runs):
     return weight_count(runs[0]) >= 10_000_000
 
 
-def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None):
-    """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU, so
-    one group's Python overlaps the others' kernels. A group takes at most 60 % of a GPU's memory budget (by
-    `estimated_gpu_bytes`: three BERT-base runs on an 80 GB GPU); larger models start first, and a group that
-    fills a GPU (`fills_gpu`) never shares one with another such group; with several GPUs each process runs on one
-    of them, the least loaded. `compile` (default: on a GPU) compiles the stacked layers and the optimizer step.
+def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None,
+                       cuda_graphs=None):
+    """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU. A
+    group takes at most 60 % of a GPU's memory budget (by `estimated_gpu_bytes`: three BERT-base runs on an 80 GB
+    GPU); larger models start first; with several GPUs each process runs on one of them, the least loaded.
+    `compile` (default: on a GPU) compiles the stacked layers and the optimizer step; `cuda_graphs` (default: on a
+    GPU) replays each batch shape's whole update as a CUDA graph, and the processes then train one at a time per GPU
+    (`take_gpu`) while the others build their runs. Without graphs, groups train side by side, so one group's
+    Python overlaps the others' kernels, and a group that fills a GPU (`fills_gpu`) never shares one with another
+    such group.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
     so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt, summary.<i>.json and
     logs/<i>.log; returns the wall time and the per-process summaries."""
@@ -632,6 +750,10 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     os.makedirs(workdir, exist_ok=True)
     capacity = 0.9 * torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     compile = torch.cuda.is_available() if compile is None else compile
+    cuda_graphs = torch.cuda.is_available() if cuda_graphs is None else cuda_graphs
+    # with CUDA graphs a group keeps a GPU busy by itself (side by side, three groups made 0.91 of what they make
+    # taking turns, docs/benchmarks.md): the groups train one at a time per GPU, under one lock
+    turns = ["--gpu-lock", os.path.join(os.path.abspath(workdir), "gpu.lock")] if cuda_graphs else []
     chunks = grouped([parse_run(command) for command in commands], max_group, capacity and 0.6 * capacity)
     # the longest groups (larger models, more runs) first, so none is left to run alone at the end
     chunks.sort(key=lambda chunk: (-chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
@@ -641,7 +763,8 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
         with open(listing, "w") as f:
             f.writelines(shlex.join(run.argv) + "\n" for run in chunk)
         processes.append([sys.executable, "-m", "fairseq_xmlm.packed_training", listing, "--max-group", str(max_group),
-                          "--precision", precision, "--summary", summary] + (["--compile"] if compile else []))
+                          "--precision", precision, "--summary", summary] + (["--compile"] if compile else [])
+                         + (["--cuda-graphs"] if cuda_graphs else []) + turns)
         summaries.append(summary)
     slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
     devices = several_gpus()  # each process on one of them, spread by memory
@@ -651,7 +774,7 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     started = time.perf_counter()
     follow = [[c for run in chunk for c in (then or {}).get(tuple(run.argv), [])] for chunk in chunks]
     run_packed(processes, slots, logs, costs=[estimated_gpu_bytes(chunk) for chunk in chunks], capacity=capacity,
-               devices=devices, then=follow, exclusive=[fills_gpu(chunk) for chunk in chunks])
+               devices=devices, then=follow, exclusive=[fills_gpu(chunk) and not cuda_graphs for chunk in chunks])
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 
@@ -665,6 +788,10 @@ def main(argv=None):
     parser.add_argument("--summary", help="write the per-group timings here (json)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the stacked layers and the optimizer step (worth it on a GPU)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay each batch shape's whole update as a CUDA graph (GPU only)")
+    parser.add_argument("--gpu-lock", help="train a group only while holding this lock file (flock): processes take "
+                        "turns on the GPU")
     parser.add_argument("--time-limit", type=float, default=0,
                         help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
     args = parser.parse_args(argv)
@@ -677,7 +804,8 @@ def main(argv=None):
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         summary = train_packed(read_commands(args.commands), args.max_group, args.precision, stop=lambda: bool(
-            signalled or (args.time_limit and time.perf_counter() - started > args.time_limit)), compile=args.compile)
+            signalled or (args.time_limit and time.perf_counter() - started > args.time_limit)), compile=args.compile,
+            cuda_graphs=args.cuda_graphs, gpu_lock=args.gpu_lock)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

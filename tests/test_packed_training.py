@@ -49,6 +49,7 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
     group = packed_training.GroupData(runs, torch.device("cpu"))
     batches = [packed_training.epoch_batches(run, 1)[0] for run in runs]
     inputs, langs, positions, target_ids, _ = group.batch(batches, torch.Generator().manual_seed(0))
+    assert positions.size(1) % 64 == 0 or positions.size(1) == inputs[0].numel()  # few shapes: few CUDA graphs
     logits = stacked.masked_logits(inputs, langs, positions)
     for slot, run in enumerate(runs):
         run.model.eval()
@@ -118,7 +119,8 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
     commands[0] += ["--eval-multilinguality", "--eval-mult-sentences", "50", "--eval-mult-layers", "0,2", "--validate-interval-updates", "10"]
     listing = tmp_path / "commands.txt"
     listing.write_text("\n".join(" ".join(c) for c in commands) + "\n")
-    packed_training.main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32"])
+    packed_training.main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32",
+                          "--gpu-lock", str(tmp_path / "gpu.lock")])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [g["runs"] for g in summary["groups"]] == [3]  # one seed: lang-pos stacks with shared positions
     updates = summary["groups"][0]["updates"]
@@ -185,9 +187,27 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
         assert torch.allclose(compiled.compute_grad, eager.compute_grad, atol=1e-6)
 
 
+def test_gpu_lock_waits_for_its_holder_and_gives_up_when_stopped(tmp_path, monkeypatch, capsys):
+    import fcntl
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    held = open(tmp_path / "gpu.lock.0_1", "a")
+    fcntl.flock(held, fcntl.LOCK_EX)  # another process's group is training
+    calls = []
+    assert packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: calls.append(1) or len(calls) > 2, "g") is None
+    assert len(calls) == 3 and "g: waiting for the GPU" in capsys.readouterr().err
+    held.close()
+    lock = packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: True, "g")
+    assert lock is not None  # free: taken at once, even when asked to stop
+    lock.close()
+
+
 def test_bad_commands(fake_english_data, tmp_path, capsys):
     listing = tmp_path / "commands.txt"
     bad = command(fake_english_data, tmp_path, "a", 1)
+    listing.write_text(" ".join(bad) + "\n")
+    expect_cli_error(capsys, packed_training.main, [str(listing), "--cuda-graphs"], "CUDA graphs need a GPU")
+    assert not (tmp_path / "a" / "train.log.partial").exists()
     listing.write_text(" ".join(bad).replace("--criterion masked_lm", "--criterion cross_entropy") + "\n")
     expect_cli_error(capsys, packed_training.main, [str(listing)], "supports --criterion masked_lm|xmlm_masked_lm")
     listing.write_text(" ".join(bad + ["--no-such-option"]) + "\n")

@@ -301,9 +301,9 @@ def main(argv=None):
     parser.add_argument("--train-args", default="",
                         help="extra fairseq-train options, e.g. '--fp16 --optimizer xmlm_adamw --num-workers 2'")
     parser.add_argument("--gpu-pack", action="store_true",
-                        help="train the runs as stacked models, one process per group side by side on the GPU(s) "
-                             "(fairseq_xmlm.packed_training, bf16), each run evaluated once trained; SIGTERM "
-                             "suspends the groups, a rerun resumes them; --train-args do not apply")
+                        help="train the runs as stacked models, one process per group, taking turns on each GPU "
+                             "as CUDA graphs (fairseq_xmlm.packed_training, bf16), each run evaluated once trained; "
+                             "SIGTERM suspends the groups, a rerun resumes them; --train-args do not apply")
     parser.add_argument("--pack-slots", type=int, default=0,
                         help="--gpu-pack: processes (groups, evaluations, untrained runs) at a time (0: CPU cores / 2)")
     parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
