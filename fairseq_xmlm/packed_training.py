@@ -303,11 +303,14 @@ class GroupData:
         budget = min(-(-max(max_targets(s, self.masker.mask_prob) for s in sizes) // 64) * 64, width * length)
         return rows, length, budget, int(sizes.sum())
 
-    def upload(self, rows):
+    def upload(self, rows, into=None):
+        """`plan`'s rows on the device, in a new tensor or copied `into` one (a CUDA graph's input)."""
         rows = torch.from_numpy(rows)
         if self.tokens.is_cuda:  # pinned: the copy queues behind the GPU's work instead of waiting for it
-            rows = rows.pin_memory().to(self.tokens.device, non_blocking=True)
-        return rows
+            rows = rows.pin_memory()
+        if into is None:
+            return rows.to(self.tokens.device, non_blocking=True)
+        return into.copy_(rows, non_blocking=True)
 
     def on_device(self, rows, length, budget, generator):
         """The device's part: `plan`'s rows as a tensor -> (inputs (N, width, length), langs, positions (N, budget),
@@ -432,12 +435,13 @@ class PackedGroup:
         key = (rows.shape[1], length, budget)
         if self.graphs is not None and key in self.graphs:
             graph, graph_rows, outputs = self.graphs[key]
-            graph_rows.copy_(self.data.upload(rows), non_blocking=True)
+            self.data.upload(rows, into=graph_rows)
             graph.replay()
         else:
-            outputs = self._update(self.data.upload(rows), length, budget)
+            device_rows = self.data.upload(rows)
+            outputs = self._update(device_rows, length, budget)
             if self.graphs is not None and len(self.graphs) < MAX_GRAPHS:
-                self.graphs[key] = self._capture(rows, length, budget)
+                self.graphs[key] = self._capture(device_rows, length, budget)
         losses, counts, batch = outputs
         return losses, counts, (*batch, ntokens)
 
@@ -457,15 +461,16 @@ class PackedGroup:
     def _capture(self, rows, length, budget):
         """A CUDA graph of `_update` for this batch shape, captured after one update of that shape ran as is (which
         compiled whatever it needed): its later batches replay the step's ~800 kernels in one launch, so a group
-        of small models no longer waits on Python. The graphs share one memory pool; the outputs of one are read
-        before another replays (stream order), which is all that sharing needs."""
+        of small models no longer waits on Python. `rows`, that update's rows on the device (allocated outside the
+        graph), becomes the graph's input. The graphs share one memory pool; the outputs of one are read before
+        another replays (stream order), which is all that sharing needs."""
         started = time.perf_counter()
-        graph, graph_rows = torch.cuda.CUDAGraph(), torch.from_numpy(rows).to(self.device)
+        graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)  # the masking draws; dropout's default generator is known
         with torch.cuda.graph(graph, pool=self.graph_pool):
-            outputs = self._update(graph_rows, length, budget)
+            outputs = self._update(rows, length, budget)
         self.capture_seconds += time.perf_counter() - started
-        return graph, graph_rows, outputs
+        return graph, rows, outputs
 
     def state_dict(self):
         """Everything a resumed group needs to go on exactly as if never stopped: weights, Adam, random streams."""
