@@ -521,10 +521,15 @@ def read_resume(runs):
     return state
 
 
-def train_group(runs, device, precision="bf16", progress=None, stop=None, compile=False, cuda_graphs=False):
+def train_group(runs, device, precision="bf16", progress=None, stop=None, compile=False, cuda_graphs=False,
+                take_turn=None):
     """Train `runs` (one group_key) together; writes each run's log and checkpoint. Returns timing facts, or None
     when `stop()` turned true before the end: the group then saved its state (`resume_path`) and the next call with
     the same runs goes on from there, with the same result as an uninterrupted run.
+
+    With `take_turn` (a function returning a held lock to close at the end, or None when stopped while waiting,
+    see `take_gpu`), the group trains its first epoch (compiling, capturing its CUDA graphs) beside whichever group
+    holds the GPU, then waits for its turn: warm-ups no longer stand between one group's training and the next's.
 
     Logs grow as `<log>.partial` and are renamed once the run's checkpoint is saved; a failure removes them.
     """
@@ -532,14 +537,18 @@ def train_group(runs, device, precision="bf16", progress=None, stop=None, compil
         os.makedirs(os.path.dirname(os.path.abspath(run.log_path)), exist_ok=True)
     resume = read_resume(runs)
     logs = [open(run.log_path + ".partial", "a" if resume else "w") for run in runs]
+    turn = []  # take_turn's lock, once given
     try:
         facts = _train_group(runs, logs, device, precision, progress, stop or (lambda: False), resume, compile,
-                             cuda_graphs)
+                             cuda_graphs, take_turn, turn)
     except BaseException:
         for run, log in zip(runs, logs):
             log.close()
             os.remove(run.log_path + ".partial")
         raise
+    finally:
+        for lock in turn:
+            lock.close()
     for log in logs:
         log.close()
     if facts is None:
@@ -551,7 +560,7 @@ def train_group(runs, device, precision="bf16", progress=None, stop=None, compil
     return facts
 
 
-def _train_group(runs, logs, device, precision, progress, stop, resume, compile, cuda_graphs):
+def _train_group(runs, logs, device, precision, progress, stop, resume, compile, cuda_graphs, take_turn, turn):
     group = PackedGroup(runs, device, precision, compile, cuda_graphs)
     total, per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
     if any((run.total_updates, run.updates_per_epoch) != (total, per_epoch) for run in runs):
@@ -566,6 +575,7 @@ def _train_group(runs, logs, device, precision, progress, stop, resume, compile,
         for run, log in zip(runs, logs):
             log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs)}))
     started = time.perf_counter() - seconds_before
+    warm_at = group.updates + per_epoch  # a take_turn group takes its turn from here on
     while group.updates < total:
         epoch += 1
         schedules = [epoch_batches(run, epoch) for run in runs]
@@ -574,7 +584,12 @@ def _train_group(runs, logs, device, precision, progress, stop, resume, compile,
         else:
             loss_sum, target_count = torch.zeros(len(runs), device=device), torch.zeros(len(runs), device=device)
         for step in range(first_step, min(per_epoch, first_step + total - group.updates)):
-            if stop():
+            due = take_turn is not None and not turn and group.updates >= warm_at
+            if due:
+                waiting_since = time.perf_counter()
+                turn += [lock for lock in [take_turn()] if lock]
+                started += time.perf_counter() - waiting_since  # waiting is not training time
+            if stop() or (due and not turn):  # stopped, maybe while waiting for the turn
                 state = {"commands": [run.argv for run in runs], "group": group.state_dict(), "epoch": epoch,
                          "step": step, "loss_sum": loss_sum, "target_count": target_count, "tokens": tokens_seen,
                          "seconds": time.perf_counter() - started}
@@ -666,9 +681,10 @@ def take_gpu(lock_path, stop, label):
 def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None, compile=False, cuda_graphs=False,
                  gpu_lock=None):
     """Parse every command, group them, train each group; returns a summary per group, None for a group that
-    `stop()` suspended (the groups after it do not start). With `gpu_lock` (a path), a group trains only while
-    this process holds that lock (`take_gpu`): processes whose groups each keep the GPU busy (CUDA graphs) take
-    turns, and the next one builds its runs while the GPU is still busy with the last."""
+    `stop()` suspended (the groups after it do not start). With `gpu_lock` (a path), a group trains past its first
+    epoch only while this process holds that lock (`take_gpu`): processes whose groups each keep the GPU busy (CUDA
+    graphs) take turns, and the next one builds its runs and warms up (`train_group`'s take_turn) while the GPU is
+    still busy with the last."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     check_cuda_graphs(cuda_graphs, device)  # before the runs are built
     stop = stop or (lambda: False)
@@ -685,19 +701,11 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
         print(f"{label}: building", file=sys.stderr, flush=True)
         for run in chunk:
             run.build()
-        lock = gpu_lock and take_gpu(gpu_lock, stop, label)
-        if gpu_lock and lock is None:
-            print(f"{label}: stopped before it began; rerun to train it", file=sys.stderr, flush=True)
-            summary.append(None)
-            break
         print(f"{label}: training", file=sys.stderr, flush=True)
-        try:
-            facts = train_group(chunk, device, precision,
-                                progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True),
-                                stop=stop, compile=compile, cuda_graphs=cuda_graphs)
-        finally:
-            if lock:
-                lock.close()
+        facts = train_group(chunk, device, precision,
+                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True), stop=stop,
+                            compile=compile, cuda_graphs=cuda_graphs,
+                            take_turn=(lambda: take_gpu(gpu_lock, stop, label)) if gpu_lock else None)
         for run in chunk:  # the next group's models take the memory
             run.task = run.model = run.criterion = None
         if facts is None:
@@ -744,9 +752,9 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     GPU); larger models start first; with several GPUs each process runs on one of them, the least loaded.
     `compile` (default: on a GPU) compiles the stacked layers and the optimizer step; `cuda_graphs` (default: on a
     GPU) replays each batch shape's whole update as a CUDA graph, and the processes then train one at a time per GPU
-    (`take_gpu`) while the others build their runs. Without graphs, groups train side by side, so one group's
-    Python overlaps the others' kernels, and a group that fills a GPU (`fills_gpu`) never shares one with another
-    such group.
+    (`take_gpu`) while the others build their runs and train their first epoch (compiling). Without graphs, groups
+    train side by side, so one group's Python overlaps the others' kernels, and a group that fills a GPU
+    (`fills_gpu`) never shares one with another such group.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
     so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt, summary.<i>.json and
     logs/<i>.log; returns the wall time and the per-process summaries."""
@@ -795,8 +803,8 @@ def main(argv=None):
                         help="torch.compile the stacked layers and the optimizer step (worth it on a GPU)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay each batch shape's whole update as a CUDA graph (GPU only)")
-    parser.add_argument("--gpu-lock", help="train a group only while holding this lock file (flock): processes take "
-                        "turns on the GPU")
+    parser.add_argument("--gpu-lock", help="train a group past its first epoch only while holding this lock file "
+                        "(flock): processes take turns on the GPU")
     parser.add_argument("--time-limit", type=float, default=0,
                         help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
     args = parser.parse_args(argv)

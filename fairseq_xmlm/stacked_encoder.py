@@ -52,8 +52,9 @@ def _product(x, weight, bias):
 def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_dropout, activation_dropout,
                   rows=None):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
-    one row, `layout` their in-layer names -> (offset, size, shape) in a row, keep (N*B, 1, 1, T) the padding
-    mask. A plain function of tensors, so one torch.compile serves every layer.
+    one row, `layout` their in-layer names -> (offset, size, shape) in a row, keep the attention mask of
+    `attention_mask` (N*B/G, 1, G*T, G*T): G sentences to a row of the attention. A plain function of tensors, so
+    one torch.compile serves every layer.
 
     With `rows` (N, M), flat indices into each model's B*T, the layer returns only those positions, (N, M, D): the
     top layer, where only the targets reach the loss. Every position still serves as a key and value of the
@@ -65,19 +66,20 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
     w = {name: block[:, offset:offset + size].view(block.size(0), *shape)
          for name, (offset, size, shape) in layout.items()}
     n, b, t, d = x.shape
+    span = keep.size(-1)  # G*T: consecutive sentences of a row are consecutive in memory, so q, k, v are views
     h = x.reshape(n, b * t, d)
     if heads > 1:
         # three products, as the model's SelfAttention does: backward hands each its attention gradient as it is,
         # where one product split afterwards first gathers the three into one (B*T, 3D) gradient (1.2 of 36 kernel
         # ms of a 3-run BERT-base step on an H200, docs/benchmarks.md)
-        q, k, v = (_product(h, weight, bias).view(n * b, t, heads, d // heads).transpose(1, 2)
+        q, k, v = (_product(h, weight, bias).view(-1, span, heads, d // heads).transpose(1, 2)
                    for weight, bias in zip(w["attention.qkv.weight"].chunk(3, dim=1),
                                            w["attention.qkv.bias"].chunk(3, dim=1)))
     else:
         # one head (BERT-small): one product, split after. Compiled on CUDA, the three products' backward fails an
         # assertion on a saved tensor's strides at a new sentence length (torch 2.11, docs/benchmarks.md)
         qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
-        q, k, v = qkv.view(n * b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.view(-1, span, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
     y = y.transpose(1, 2).reshape(n, b * t, d)
     if rows is not None:
@@ -89,6 +91,33 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
     f = _product(f, w["ffn_out.weight"], w["ffn_out.bias"])
     h = _layer_norm(h + F.dropout(f, dropout), w["ffn_norm.weight"], w["ffn_norm.bias"])
     return h if rows is not None else h.view(n, b, t, d)
+
+
+# SDPA's memory-efficient kernels (which a mask selects, see `masked_logits`) give one (row, head) a tile of 64
+# queries by 64 keys; Dufter's sentences are mostly shorter (median batch length 29 tokens), so most of each tile
+# was idle and the kernels' time went with the number of tiles. Sharing rows cut the attention kernels of a 3-run
+# BERT-base step from 5.83 to 3.51 ms (H200, docs/benchmarks.md).
+ATTENTION_TILE = 64
+
+
+def sentences_per_row(rows, length):
+    """How many sentences of `length` tokens share one row of the attention: as many as fit in ATTENTION_TILE, a
+    power of two that divides `rows`."""
+    share = 1
+    while 2 * share * length <= ATTENTION_TILE and rows % (2 * share) == 0:
+        share *= 2
+    return share
+
+
+def attention_mask(keep):
+    """keep (R, T), the real tokens -> the attention's mask (R/G, 1, G*T, G*T) for G = `sentences_per_row`: each
+    query sees the real tokens of its own sentence only (block diagonal), so G short sentences attend in one tile
+    exactly as each would alone. Always four full dimensions, so the compiled layer meets one kind of mask."""
+    rows, length = keep.shape
+    share = sentences_per_row(rows, length)
+    sentence = torch.arange(share * length, device=keep.device) // length
+    same = sentence.unsqueeze(1) == sentence.unsqueeze(0)  # (G*T, G*T) block diagonal
+    return same & keep.view(rows // share, 1, 1, share * length)
 
 
 def _lookup(tables, ids, models):
@@ -211,13 +240,14 @@ class StackedEncoder:
     def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0):
         """Logits (N, M, V) at `positions` (N, M) (flat indices into each model's B*T), for all N models at once.
 
-        Dropout as in training when the rates are > 0 (0 = evaluation). The attention gets its padding mask even
-        for a batch without padding: SDPA then takes its memory-efficient kernels, never flash, which on Dufter's
+        Dropout as in training when the rates are > 0 (0 = evaluation). The attention gets its mask even for a
+        batch without padding: SDPA then takes its memory-efficient kernels, never flash, which on Dufter's
         sentences (median 29 tokens) took about 4.5x as long per token. With the mask always, a 3-run BERT-base
-        step spent 5.9 ms in attention instead of 9.3 (H200, docs/benchmarks.md).
+        step spent 5.9 ms in attention instead of 9.3 (H200, docs/benchmarks.md). Short sentences share rows of
+        the attention (`attention_mask`).
         """
         n, b, t = tokens.shape
-        keep = tokens.ne(self.padding_idx).view(n * b, 1, 1, t)
+        keep = attention_mask(tokens.ne(self.padding_idx).view(n * b, t))
         x = F.dropout(self.embed(tokens, langs), dropout)
         for i, (block, layout) in enumerate(zip(self.layer_blocks, self.layer_layouts)):
             top = i == self.num_layers - 1

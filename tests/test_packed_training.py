@@ -5,12 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import REPO, expect_cli_error
 from fairseq_xmlm import packed_training
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.evaluation.figures import read_fairseq_log
-from fairseq_xmlm.stacked_encoder import StackedEncoder
+from fairseq_xmlm.stacked_encoder import StackedEncoder, attention_mask, sentences_per_row
 
 TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--encoder-attention-heads", "2"]
@@ -47,15 +48,37 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
             for s, f in zip((1, 2), flags)]
     stacked = StackedEncoder([run.model for run in runs], torch.device("cpu"))
     group = packed_training.GroupData(runs, torch.device("cpu"))
-    batches = [packed_training.epoch_batches(run, 1)[0] for run in runs]
-    inputs, langs, positions, target_ids, _ = group.batch(batches, torch.Generator().manual_seed(0))
-    assert positions.size(1) % 64 == 0 or positions.size(1) == inputs[0].numel()  # few shapes: few CUDA graphs
-    logits = stacked.masked_logits(inputs, langs, positions)
-    for slot, run in enumerate(runs):
-        run.model.eval()
-        features = run.model(inputs[slot], langs[slot], features_only=True)[0].reshape(-1, 32)
-        expected = run.model.output_logits(features[positions[slot]], langs[slot].new_zeros(positions.size(1)))
-        assert torch.allclose(logits[slot], expected, atol=1e-5)
+    schedules = [packed_training.epoch_batches(run, 1) for run in runs]
+    # the first batch whose sentences share rows of the attention, and the first whose sentences are too long to
+    shares = {}
+    for at in range(len(schedules[0])):
+        rows, length, _, _ = group.plan([s[at] for s in schedules])
+        shares.setdefault(sentences_per_row(rows.size, length) > 1, at)
+    assert len(shares) == 2
+    for at in shares.values():
+        inputs, langs, positions, target_ids, _ = group.batch([s[at] for s in schedules],
+                                                              torch.Generator().manual_seed(at))
+        assert positions.size(1) % 64 == 0 or positions.size(1) == inputs[0].numel()  # few shapes: few CUDA graphs
+        logits = stacked.masked_logits(inputs, langs, positions)
+        for slot, run in enumerate(runs):
+            run.model.eval()
+            features = run.model(inputs[slot], langs[slot], features_only=True)[0].reshape(-1, 32)
+            expected = run.model.output_logits(features[positions[slot]], langs[slot].new_zeros(positions.size(1)))
+            assert torch.allclose(logits[slot], expected, atol=1e-5)
+
+
+def test_short_sentences_share_attention_rows_as_if_alone():
+    keep = torch.ones(8, 7, dtype=torch.bool)
+    keep[1, 4:] = keep[6, 2:] = False  # padding
+    assert sentences_per_row(8, 7) == 8 and sentences_per_row(6, 7) == 2 and sentences_per_row(8, 40) == 1
+    mask = attention_mask(keep)
+    assert mask.shape == (1, 1, 56, 56)
+    assert mask[0, 0, 7, 7:11].all() and not mask[0, 0, 7, 11:14].any() and not mask[0, 0, 7, :7].any()
+    q, k, v = torch.randn(3, 8, 2, 7, 16).unbind(0)  # (sentences, heads, length, head dim)
+    alone = F.scaled_dot_product_attention(q, k, v, attn_mask=keep.view(8, 1, 1, 7))
+    shared = F.scaled_dot_product_attention(*(t.transpose(1, 2).reshape(1, 56, 2, 16).transpose(1, 2)
+                                              for t in (q, k, v)), attn_mask=mask)
+    assert torch.allclose(shared.transpose(1, 2).reshape(8, 7, 2, 16).transpose(1, 2), alone, atol=1e-6)
 
 
 def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
@@ -246,6 +269,37 @@ def test_suspended_group_resumes_to_the_same_result(fake_english_data, tmp_path)
                     for r in read_fairseq_log(tmp_path / folder / name / "train.log", "train")]
                    for folder in ("whole", "split")]
         assert records[0] == records[1] and records[0][-1]["train_num_updates"] == 7
+
+
+def test_group_warms_up_before_its_turn_and_resumes_if_stopped_waiting(fake_english_data, tmp_path):
+    """With take_turn the first epoch trains at once; the turn is asked for after it. Stopped while waiting, the
+    group suspends there, and once resumed it ends as an uninterrupted run and releases its turn."""
+    def group(folder):
+        runs = [packed_training.parse_run(command(fake_english_data, tmp_path / folder, name, 1,
+                                                  "--max-update", "7")).build() for name in "ab"]
+        for run in runs:
+            run.updates_per_epoch = 3  # short epochs: the turn comes after 3 updates
+        return runs
+
+    class Lock:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    cpu, asked = torch.device("cpu"), []
+    packed_training.train_group(group("whole"), cpu, "fp32")
+    waiting = group("split")
+    assert packed_training.train_group(waiting, cpu, "fp32", take_turn=lambda: asked.append(1)) is None
+    assert read_fairseq_log(str(waiting[0].log_path) + ".partial", "train")[-1]["train_num_updates"] == 3
+    lock = Lock()
+    assert packed_training.train_group(group("split"), cpu, "fp32", take_turn=lambda: lock)["updates"] == 7
+    assert asked == [1] and lock.closed
+    for name in "ab":
+        whole, split = (load_checkpoint(tmp_path / folder / name / "checkpoints" / "checkpoint_last.pt")[0]
+                        for folder in ("whole", "split"))
+        for (key, value), other in zip(whole.state_dict().items(), split.state_dict().values()):
+            assert torch.equal(value, other), key
 
 
 def test_cli_time_limit_suspends_and_a_rerun_finishes(fake_english_data, tmp_path, capsys):
