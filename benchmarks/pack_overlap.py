@@ -28,10 +28,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def child(spec, args):
-    """One group: build, warm up, print `ready`; then on `go SECONDS` train that long and print the result."""
+def build_group(spec, args, cuda_graphs):
+    """A group "IDS[:SEEDS]" of the recipe's runs -> (the PackedGroup as `--gpu-pack` builds it, compiled on a GPU;
+    its runs' batches of epoch 1). Runs are saved under args.out/runs; args.data and args.knn_table as the recipe's."""
     sys.path.insert(0, str(HERE))
-    import pack_profile
     import pack_speed
     from fairseq_xmlm import packed_training
 
@@ -40,9 +40,18 @@ def child(spec, args):
                                           10 ** 6, args.knn_table)
     runs = [packed_training.parse_run(c).build() for c in commands]
     schedules = [packed_training.epoch_batches(run, 1) for run in runs]
-    cuda = torch.cuda.is_available()  # the CPU only to try the script out: eager, and slow
+    cuda = torch.cuda.is_available()  # the CPU only to try a script out: eager, and slow
     group = packed_training.PackedGroup(runs, torch.device("cuda" if cuda else "cpu"), compile=cuda,
-                                        cuda_graphs=args.cuda_graphs)
+                                        cuda_graphs=cuda_graphs)
+    return group, schedules
+
+
+def child(spec, args):
+    """One group: build, warm up, print `ready`; then on `go SECONDS` train that long and print the result."""
+    import pack_profile
+
+    group, schedules = build_group(spec, args, args.cuda_graphs)
+    cuda = group.device.type == "cuda"
     synchronise = torch.cuda.synchronize if cuda else (lambda: None)
     step = pack_profile.cycling_steps(group, schedules)
     started = time.perf_counter()
@@ -50,7 +59,7 @@ def child(spec, args):
         step()
     synchronise()
     device = torch.cuda.get_device_name() if cuda else "cpu"
-    print(f"ready {len(runs)} {time.perf_counter() - started:.1f} {device}", flush=True)
+    print(f"ready {len(group.runs)} {time.perf_counter() - started:.1f} {device}", flush=True)
     for line in sys.stdin:
         if not line.startswith("go"):
             break
@@ -62,7 +71,7 @@ def child(spec, args):
             count += 1
         synchronise()
         wall = time.perf_counter() - started
-        print(f"done {count * len(runs) / wall:.2f} {1e3 * wall / count:.2f}", flush=True)
+        print(f"done {count * len(group.runs) / wall:.2f} {1e3 * wall / count:.2f}", flush=True)
 
 
 def start_mps(out):

@@ -25,20 +25,6 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def build(spec, args):
-    sys.path.insert(0, str(HERE))
-    import pack_speed
-    from fairseq_xmlm import packed_training
-
-    ids, _, seeds = spec.partition(":")
-    commands = pack_speed.recipe_commands(ids.split(","), int(seeds or 1), Path(args.data),
-                                          Path(args.out) / "runs" / spec.replace(",", "_"), 10 ** 6, args.knn_table)
-    runs = [packed_training.parse_run(c).build() for c in commands]
-    schedules = [packed_training.epoch_batches(run, 1) for run in runs]
-    group = packed_training.PackedGroup(runs, torch.device("cuda"), compile=True, cuda_graphs=True)
-    return group, schedules
-
-
 class Lane:
     """One group on its own stream: `launch()` queues its next update, after waiting until at most one is queued."""
 
@@ -89,15 +75,18 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("pack_streams: needs a GPU")
+    sys.path.insert(0, str(HERE))
+    import pack_overlap
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # every group compiles the same layer function, each for its own shapes: dynamo's default limit of 8 compiled
-    # versions a function would leave the later groups' layers uncompiled
+    # every group compiles the same layer function, each for its own shapes: room for more versions than dynamo's
+    # default 8 (raising it changed nothing measurable, docs/benchmarks.md, eighteenth session)
     torch._dynamo.config.recompile_limit = 64
     lanes = []
     for spec in args.groups:
         started = time.perf_counter()
-        lane = Lane(*build(spec, args))
+        lane = Lane(*pack_overlap.build_group(spec, args, cuda_graphs=True))
         for _ in range(args.warmup):
             lane.launch()
         torch.cuda.synchronize()
