@@ -7,11 +7,13 @@ run's launches. The math is the model's own (post-LayerNorm BERT layers, tied ou
 tables + segment embedding; lang-pos and shared-position models stack together) and
 `tests/test_packed_training.py` checks the logits against `PartiallySharedRoberta.forward` for every slot.
 
-All weights of all models live in one flat (N, P) buffer, every named weight a view of it with its gradient a view
-of one flat gradient buffer: the optimizer (`packed_training.AdamState`) then updates everything in one pass.
+All weights of all models live in one flat (N, P) buffer, every named weight a view of it. `gradients` hands the
+optimizer (`packed_training.AdamState`) each autograd leaf's gradient as backward computed it, with the leaf's
+columns of the buffer.
 Attention avoids cuDNN's kernels (see `avoid_cudnn_attention`): lengths change at every batch.
 """
 import math
+import types
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +122,23 @@ def attention_mask(keep):
     return same & keep.view(rows // share, 1, 1, share * length)
 
 
+_LAYER_FUNCTIONS = {}
+
+
+def layer_function(shape):
+    """`encoder_layer` as a function of its own for stacked models of one `shape`, to compile. Dynamo keeps its
+    compiled versions, and learns which sizes change from one call to the next, per function (file, line and name):
+    through one function, a second shape of model in the process made every size of the layer dynamic, and the
+    kernels slow (a BERT-small group beside a BERT-base one took 19.1 ms a step against 12.1 alone on an H200,
+    docs/benchmarks.md). Only the batch's sizes should change, and do for each shape's own function."""
+    if shape not in _LAYER_FUNCTIONS:
+        name = "encoder_layer_" + "_".join(map(str, shape))
+        code = encoder_layer.__code__.replace(co_name=name, co_qualname=name)
+        _LAYER_FUNCTIONS[shape] = types.FunctionType(code, encoder_layer.__globals__, name,
+                                                       encoder_layer.__defaults__)
+    return _LAYER_FUNCTIONS[shape]
+
+
 def _lookup(tables, ids, models):
     """Rows `ids` (N, ...) of each model's own table (tables (N, rows, D)): one F.embedding over the tables laid end
     to end. Its backward sums the rows of repeated ids in parallel, where advanced indexing's (`tables[models, ids]`)
@@ -139,9 +158,9 @@ class StackedEncoder:
     the layers, and `layer_blocks[i]` the (N, P_i) view of layer i's, laid out as `layer_layouts[i]` says.
 
     The fp32 master weights live in `flat`; with dtype bf16 the forward pass reads a bf16 copy (`compute`, which the
-    optimizer writes as it updates `flat`) so every activation is bf16 too, and backward leaves bf16 gradients in
-    `compute_grad`: the scheme of fairseq's --fp16 (low-precision model, fp32 master weights and optimiser), without
-    loss scaling since bf16 has fp32's range. With dtype fp32 the forward pass reads the master weights themselves.
+    optimizer writes as it updates `flat`) so every activation and gradient is bf16 too: the scheme of fairseq's
+    --fp16 (low-precision model, fp32 master weights and optimiser), without loss scaling since bf16 has fp32's
+    range. With dtype fp32 the forward pass reads the master weights themselves.
     """
 
     def __init__(self, models, device, dtype=torch.float32, compile=False):
@@ -168,7 +187,8 @@ class StackedEncoder:
         avoid_cudnn_attention()
         # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
-        self.encoder_layer = torch.compile(encoder_layer) if compile else encoder_layer
+        shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
+        self.encoder_layer = torch.compile(layer_function(shape)) if compile else encoder_layer
         self.layout, offset = [], 0  # (name, offset, size, shape)
         for name, shape in shapes.items():
             self.layout.append((name, offset, math.prod(shape), shape))
@@ -181,11 +201,10 @@ class StackedEncoder:
                 if name in own:
                     master[slot].copy_(own[name].detach())
         self.compute = torch.empty_like(self.flat, dtype=dtype) if dtype != torch.float32 else self.flat
-        self.compute_grad = torch.zeros_like(self.compute)
         self.refresh()
-        # Leaves sharing the compute buffer's storage whose .grad is a view of the flat gradient buffer: backward
-        # adds into it in place, so every gradient of every model ends up in one (N, P) tensor. One leaf per weight
+        # Leaves sharing the compute buffer's storage, with their columns in it (`leaf_columns`): one leaf per weight
         # outside the layers; one per layer, with its weights' places in it, for `encoder_layer`.
+        self.leaves, self.leaf_columns = [], []
         self.weights = {name: self._leaf(offset, offset + size, shape)
                         for name, offset, size, shape in self.layout if not name.startswith("layers.")}
         self.layer_blocks, self.layer_layouts = [], []
@@ -201,10 +220,17 @@ class StackedEncoder:
         return buffer[:, start:end].view(self.count, *shape)
 
     def _leaf(self, start, end, shape=(-1,)):
-        """Columns start:end of the compute buffer as an (N, *shape) leaf, its .grad the same of the gradients."""
+        """Columns start:end of the compute buffer as an (N, *shape) leaf."""
         leaf = self._columns(self.compute, start, end, shape).detach().requires_grad_()
-        leaf.grad = self._columns(self.compute_grad, start, end, shape)
+        self.leaves.append(leaf)
+        self.leaf_columns.append((start, end))
         return leaf
+
+    def gradients(self, loss):
+        """Each leaf's gradient of `loss`, as backward computed it (zeros for a leaf the loss does not reach). Not
+        through .grad: accumulating into a gradient buffer was one more pass over every gradient (1.0 of a 41 ms
+        3-run BERT-base step on an H200, docs/benchmarks.md)."""
+        return torch.autograd.grad(loss, self.leaves, materialize_grads=True)
 
     def _view(self, buffer, name):
         _, offset, size, shape = next(entry for entry in self.layout if entry[0] == name)

@@ -113,27 +113,27 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
 def test_adam_state_steps_like_torch_adamw_for_xmlm_adamw(compile):
     """The one-pass step with torch's formula (xmlm_adamw) = torch.optim.AdamW's loop, with each run's gradients
     clipped as fairseq's --clip-norm does (a run's norm as clip_grad_norm_ takes it), and the bf16 copy and the
-    zeroed gradients it leaves behind; fairseq's formula is checked against fairseq's Trainer above."""
+    gradients in segments of columns; fairseq's formula is checked against fairseq's Trainer above."""
     torch.manual_seed(0)
     weights = torch.randn(3, 50)
     references = [row.clone().requires_grad_() for row in weights]
-    flat, grads, compute = weights.clone(), torch.zeros(3, 50), torch.zeros(3, 50, dtype=torch.bfloat16)
-    adam = packed_training.AdamState(flat, grads, (0.9, 0.98), 1e-6, 0.01, torch_style=True, clip_norm=2e-5,
+    flat, compute = weights.clone(), torch.zeros(3, 50, dtype=torch.bfloat16)
+    segments = [(0, 20), (20, 21), (21, 50)]  # the norm that clips is over all of a run's segments
+    adam = packed_training.AdamState(flat, segments, (0.9, 0.98), 1e-6, 0.01, torch_style=True, clip_norm=2e-5,
                                      compute=compute, compile=compile)
     torch_adamw = torch.optim.AdamW(references, lr=1.0, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01,
                                     foreach=False)
     for lr in (1e-3, 5e-4, 2e-3):
         gradient = torch.randn(3, 50) * 1e-6  # as small as eps, so where eps goes shows
         gradient[0] *= 10  # this run's norm (about 7e-5) is clipped, the others' (about 7e-6) are not
-        grads.copy_(gradient)
-        adam.step(lr)
+        adam.step(lr, [gradient[:, start:end].clone() for start, end in segments])
         for reference, row in zip(references, gradient):
             reference.grad = row.clone()
             torch.nn.utils.clip_grad_norm_([reference], 2e-5)
         torch_adamw.param_groups[0]["lr"] = lr
         torch_adamw.step()
     assert adam.step_count == 3 and torch.allclose(flat, torch.stack(references).detach(), atol=1e-7)
-    assert torch.equal(compute, flat.to(torch.bfloat16)) and not grads.any()
+    assert torch.equal(compute, flat.to(torch.bfloat16))
 
 
 def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
@@ -190,6 +190,13 @@ def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_engli
             for seed in (1, 2)]
     assert packed_training.fills_gpu(base)  # BERT-base's shape: its seeds never stack
     assert [[run.cfg.common.seed for run in c] for c in packed_training.grouped(base, 40)] == [[1], [2]]
+    # a process of CUDA graphs trains a group that fills the GPU beside a small one of the same length, if any
+    longer = [packed_training.parse_run(command(fake_english_data, tmp_path, "long", 1, "--max-update", "9"))]
+    small = packed_training.grouped(runs[:4] + longer, 40)
+    big = packed_training.grouped(base, 40)
+    teams = packed_training.lockstep_teams(big + small)
+    assert [[chunk[0].cfg.optimization.max_update for chunk in team] for team in teams] == [[0, 0], [0, 9]]
+    assert packed_training.lockstep_teams(big[:1] + small) == [[big[0], small[0]], [small[1]]]
 
 
 @pytest.mark.parametrize("heads", [(), ONE_HEAD], ids=["two-heads", "one-head"])
@@ -202,12 +209,12 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
     schedules = [packed_training.epoch_batches(run, 1) for run in runs]
     for step in range(3):  # new lengths: compiled once for the first, once with a dynamic length after
         inputs, langs, positions, _, _ = group.batch([s[step] for s in schedules], torch.Generator().manual_seed(step))
-        for stacked in (eager, compiled):
-            stacked.compute_grad.zero_()
-            stacked.masked_logits(inputs, langs, positions).square().mean().backward()
+        eager_grads, compiled_grads = (
+            stacked.gradients(stacked.masked_logits(inputs, langs, positions).square().mean())
+            for stacked in (eager, compiled))
         assert torch.allclose(compiled.masked_logits(inputs, langs, positions),
                               eager.masked_logits(inputs, langs, positions), atol=1e-5)
-        assert torch.allclose(compiled.compute_grad, eager.compute_grad, atol=1e-6)
+        assert all(torch.allclose(c, e, atol=1e-6) for c, e in zip(compiled_grads, eager_grads, strict=True))
 
 
 def test_gpu_lock_waits_for_its_holder_and_gives_up_when_stopped(tmp_path, monkeypatch, capsys):
@@ -269,6 +276,39 @@ def test_suspended_group_resumes_to_the_same_result(fake_english_data, tmp_path)
                     for r in read_fairseq_log(tmp_path / folder / name / "train.log", "train")]
                    for folder in ("whole", "split")]
         assert records[0] == records[1] and records[0][-1]["train_num_updates"] == 7
+
+
+def test_groups_in_lockstep_end_as_alone_and_resume(fake_english_data, tmp_path):
+    """Two groups of different shapes trained in lockstep (5 and 7 updates: the shorter leaves the round) end as
+    each trained alone; stopped after 3 rounds and resumed by fresh runs, they end the same again. Dropout off: on
+    the CPU the groups draw it from one generator (on a GPU each has its own)."""
+    no_dropout = ("--dropout", "0", "--attention-dropout", "0")
+
+    def groups(folder):
+        return [[packed_training.parse_run(command(fake_english_data, tmp_path / folder, name, 1, *no_dropout,
+                                                   "--max-update", "5")).build() for name in "ab"],
+                [packed_training.parse_run(command(fake_english_data, tmp_path / folder, "c", 2, *no_dropout,
+                                                   "--encoder-embed-dim", "48", "--max-update", "7")).build()]]
+
+    cpu = torch.device("cpu")
+    for chunk in groups("alone"):
+        packed_training.train_group(chunk, cpu, "fp32")
+    assert [facts["updates"] for facts in packed_training.train_groups(groups("team"), cpu, "fp32")] == [5, 7]
+    rounds = iter(range(100))
+    assert packed_training.train_groups(groups("split"), cpu, "fp32", stop=lambda: next(rounds) == 3) is None
+    assert (tmp_path / "split" / "c" / "checkpoints" / "packed_resume.pt").exists()
+    assert packed_training.train_groups(groups("split"), cpu, "fp32") is not None
+    assert not (tmp_path / "split" / "c" / "checkpoints" / "packed_resume.pt").exists()
+    for name in "abc":
+        alone, *others = (load_checkpoint(tmp_path / folder / name / "checkpoints" / "checkpoint_last.pt")[0]
+                          for folder in ("alone", "team", "split"))
+        for other in others:
+            for (key, value), got in zip(alone.state_dict().items(), other.state_dict().values()):
+                assert torch.equal(value, got), (name, key)
+        records = [[{k: v for k, v in r.items() if k not in ("train_wall", "seconds", "tokens_per_s")}
+                    for r in read_fairseq_log(tmp_path / folder / name / "train.log", "train")]
+                   for folder in ("alone", "team", "split")]
+        assert records[0] == records[1] == records[2]
 
 
 def test_group_warms_up_before_its_turn_and_resumes_if_stopped_waiting(fake_english_data, tmp_path):
