@@ -128,9 +128,10 @@ _LAYER_FUNCTIONS = {}
 def layer_function(shape):
     """`encoder_layer` as a function of its own for stacked models of one `shape`, to compile. Dynamo keeps its
     compiled versions, and learns which sizes change from one call to the next, per function (file, line and name):
-    through one function, a second shape of model in the process made every size of the layer dynamic, and the
-    kernels slow (a BERT-small group beside a BERT-base one took 19.1 ms a step against 12.1 alone on an H200,
-    docs/benchmarks.md). Only the batch's sizes should change, and do for each shape's own function."""
+    through one function, a second shape of model in the process made every size of the layer dynamic, and its
+    kernels slow (a BERT-small group in a process that had compiled a BERT-base one took 19.07 ms a step; with a
+    function of its own, 11.00 ms; H200, two sessions' calls, docs/benchmarks.md). Only the batch's sizes should
+    change, and do for each shape's own function."""
     if shape not in _LAYER_FUNCTIONS:
         name = "encoder_layer_" + "_".join(map(str, shape))
         code = encoder_layer.__code__.replace(co_name=name, co_qualname=name)
@@ -187,8 +188,8 @@ class StackedEncoder:
         avoid_cudnn_attention()
         # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
-        shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
-        self.encoder_layer = torch.compile(layer_function(shape)) if compile else encoder_layer
+        model_shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
+        self.encoder_layer = torch.compile(layer_function(model_shape)) if compile else encoder_layer
         self.layout, offset = [], 0  # (name, offset, size, shape)
         for name, shape in shapes.items():
             self.layout.append((name, offset, math.prod(shape), shape))
@@ -228,8 +229,8 @@ class StackedEncoder:
 
     def gradients(self, loss):
         """Each leaf's gradient of `loss`, as backward computed it (zeros for a leaf the loss does not reach). Not
-        through .grad: accumulating into a gradient buffer was one more pass over every gradient (1.0 of a 41 ms
-        3-run BERT-base step on an H200, docs/benchmarks.md)."""
+        through .grad: accumulating into a gradient buffer was one more pass over every gradient (0.9 ms of a 41 ms
+        3-run BERT-base step on an H200; 1.010x its updates/s without it, docs/benchmarks.md)."""
         return torch.autograd.grad(loss, self.leaves, materialize_grads=True)
 
     def _view(self, buffer, name):
