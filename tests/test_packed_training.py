@@ -112,8 +112,9 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_adam_state_steps_like_torch_adamw_for_xmlm_adamw(compile):
     """The one-pass step with torch's formula (xmlm_adamw) = torch.optim.AdamW's loop, with each run's gradients
-    clipped as fairseq's --clip-norm does (a run's norm as clip_grad_norm_ takes it), and the bf16 copy and the
-    gradients in segments of columns; fairseq's formula is checked against fairseq's Trainer above."""
+    clipped as fairseq's --clip-norm does (a run's norm as clip_grad_norm_ takes it), and the bf16 copy it leaves
+    behind, its gradients given in segments of columns; fairseq's formula is checked against fairseq's Trainer
+    above."""
     torch.manual_seed(0)
     weights = torch.randn(3, 50)
     references = [row.clone().requires_grad_() for row in weights]
