@@ -82,8 +82,9 @@ def main():
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # every group compiles the same layer function, each for its own shapes: room for more versions than dynamo's
-    # default 8 (raising it changed nothing measurable, docs/benchmarks.md, eighteenth session)
+    # the groups share the compiled optimizer step (each model shape has its own layer function since the nineteenth
+    # session): room for more versions than dynamo's default 8 (raising it changed nothing measurable when the layer
+    # function was shared too, docs/benchmarks.md, eighteenth session)
     torch._dynamo.config.recompile_limit = 64
     lanes = []
     for spec in args.groups:
