@@ -12,9 +12,9 @@ fairseq's order) on a stream of its own, and warmed up (every batch shape captur
   group on the default stream (their updates one after another) are the control;
 - free: every group as fast as it can go, none waiting for another; the sum of together/alone ratios says the same
   as `pack_overlap.py`'s (1 = the groups merely took turns).
-Each group keeps at most two updates queued on its stream. GPU only; not a test. It times the groups and does not
-check their results: on streams of their own, in bf16 with compiled layers, groups trained in lockstep gave NaN
-losses where each alone trained normally (docs/benchmarks.md, nineteenth session).
+Each group keeps at most two updates queued on its stream, and captures its graphs on it (`PackedGroup._capture`:
+before the twentieth session they shared one capture stream and computed wrong results at once). GPU only; not a
+test: it times the groups, and `lockstep_equal.py` checks their results.
 """
 import argparse
 import json

@@ -1,17 +1,18 @@
 """Train many Fake-English fairseq-train runs at once on one GPU, as stacked models (`examples/dufter --gpu-pack`).
 
     python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32] [--time-limit S]
-        [--compile] [--cuda-graphs] [--gpu-lock PATH]
+        [--compile] [--cuda-graphs] [--gpu-lock PATH] [--lockstep]
 
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
 and its task, model (initialised with the command's seed, exactly as fairseq-train does) and training set are built
 by fairseq; runs with the same model shape, optimiser settings and schedule (`group_key`), and mostly of one seed
 (`grouped`), are then trained together as one `StackedEncoder`, up to --max-group runs at a time.
-`train_side_by_side` runs each group in its own process, several at once on the GPU; with --cuda-graphs (its
-default on a GPU) each batch shape's whole update is captured once and replayed, and --gpu-lock makes the
-processes take turns on the GPU, which such a group keeps busy by itself. What each run gets is what fairseq-train
-would give it:
+`train_side_by_side` runs the groups in processes, several at once on the GPU; with --cuda-graphs (its default on a
+GPU) each batch shape's whole update is captured once and replayed, --gpu-lock makes the processes take turns on
+the GPU, which such a group keeps busy by itself, and --lockstep trains a process's groups at once, each on a CUDA
+stream of its own (a BERT-base group beside small ones, `--pack-lockstep` of the recipe). What each run gets is
+what fairseq-train would give it:
 
 - batches: the task's batch iterator for that epoch and seed (`ordered_batches`, fairseq's own shuffling);
 - masking: the task's masker (`masking.mask_batch`, each run's replacement probabilities and mask symbols), drawn
@@ -45,6 +46,7 @@ import signal
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 from itertools import islice
 
 import numpy as np
@@ -418,6 +420,11 @@ class PackedGroup:
         self.runs, self.device = runs, device
         first = runs[0].cfg
         torch.manual_seed(first.common.seed)  # dropout draws of the group
+        # On a GPU the dropout draws come from a generator state of the group's own, which `step` makes the default
+        # generator's: groups beside each other on streams (`train_groups`) then neither share one nor race for it
+        # (each replay of a CUDA graph first writes its generator's offset to the device, on its own stream).
+        self.dropout_rng = torch.cuda.default_generators[self._cuda_index()].clone_state() if (
+            device.type == "cuda") else None
         self.generator = torch.Generator(device=device).manual_seed(first.common.seed)  # masking draws
         self.stacked = StackedEncoder([run.model for run in runs], device,
                                       torch.bfloat16 if precision == "bf16" else torch.float32, compile)
@@ -440,10 +447,15 @@ class PackedGroup:
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.capture_seconds = 0.0
 
+    def _cuda_index(self):
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
     def step(self, indices):
         """One update of every run on its batch `indices[slot]`; returns (summed losses (N,), target counts (N,),
         the batch (inputs, langs, positions, target ids, real tokens)) without waiting for the GPU. With CUDA
         graphs these tensors are the graph's own, valid until the next step."""
+        if self.dropout_rng is not None:
+            torch.cuda.default_generators[self._cuda_index()].graphsafe_set_state(self.dropout_rng)
         rows, length, budget, ntokens = self.data.plan(indices)
         self.updates += 1
         self.adam.schedule(learning_rate(self.updates, self.schedule, self.peak_lr))
@@ -476,11 +488,17 @@ class PackedGroup:
         compiled whatever it needed): its later batches replay the step's ~800 kernels in one launch, so a group
         of small models no longer waits on Python. `rows`, that update's rows on the device (allocated outside the
         graph), becomes the graph's input. The graphs share one memory pool; the outputs of one are read before
-        another replays (stream order), which is all that sharing needs."""
+        another replays (stream order), which is all that sharing needs.
+        A group stepping on a stream of its own (`train_groups`) captures on that stream. torch keeps a cuBLAS
+        workspace per (handle, stream) and a graph's matrix products keep the one of the stream they were captured
+        on: captured on torch's one default capture stream, two groups' graphs replayed at once on their streams
+        wrote into the same workspace (NaN losses in bf16, docs/benchmarks.md, nineteenth session)."""
         started = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)  # the masking draws; dropout's default generator is known
-        with torch.cuda.graph(graph, pool=self.graph_pool):
+        stream = torch.cuda.current_stream(self.device)
+        own = None if stream == torch.cuda.default_stream(self.device) else stream  # none: torch's capture stream
+        with torch.cuda.graph(graph, pool=self.graph_pool, stream=own):
             outputs = self._update(rows, length, budget)
         self.capture_seconds += time.perf_counter() - started
         return graph, rows, outputs
@@ -489,8 +507,8 @@ class PackedGroup:
         """Everything a resumed group needs to go on exactly as if never stopped: weights, Adam, random streams."""
         state = {"flat": self.stacked.flat, **self.adam.state_dict(), "updates": self.updates,
                  "masking_rng": self.generator.get_state(), "dropout_rng": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state["dropout_rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.dropout_rng is not None:
+            state["dropout_rng_cuda"] = self.dropout_rng.get_state()
         return state
 
     def load_state_dict(self, state):
@@ -500,8 +518,8 @@ class PackedGroup:
         self.updates = state["updates"]
         self.generator.set_state(state["masking_rng"])
         torch.set_rng_state(state["dropout_rng"])
-        if self.device.type == "cuda" and "dropout_rng_cuda" in state:  # absent when suspended on the CPU
-            torch.cuda.set_rng_state(state["dropout_rng_cuda"], self.device)
+        if self.dropout_rng is not None and "dropout_rng_cuda" in state:  # absent when suspended on the CPU
+            self.dropout_rng.set_state(state["dropout_rng_cuda"])
 
     def validate_due(self, epoch, logs, final=False):
         """`valid` records of the runs whose --validate-interval-updates falls on this update (or at the end)."""
@@ -536,109 +554,196 @@ def read_resume(runs):
 
 def train_group(runs, device, precision="bf16", progress=None, stop=None, compile=False, cuda_graphs=False,
                 take_turn=None):
-    """Train `runs` (one group_key) together; writes each run's log and checkpoint. Returns timing facts, or None
-    when `stop()` turned true before the end: the group then saved its state (`resume_path`) and the next call with
-    the same runs goes on from there, with the same result as an uninterrupted run.
+    """`train_groups` of one group: its timing facts, or None when suspended."""
+    facts = train_groups([runs], device, precision, [progress], stop, compile, cuda_graphs, take_turn)
+    return None if facts is None else facts[0]
+
+
+def train_groups(chunks, device, precision="bf16", progress=None, stop=None, compile=False, cuda_graphs=False,
+                 take_turn=None):
+    """Train each chunk of runs (one group_key each) as a group, all groups in lockstep: one update of each a round,
+    each group on a CUDA stream of its own, so that one group's kernels fill the GPU where another's leave it idle
+    (on an H100 a BERT-base group and a BERT-small group took 52.24 ms a round against 54.32 ms one after the other,
+    with the no-parallel group too 66.90 against 72.39 ms; docs/benchmarks.md, twentieth session). A group whose
+    updates end first leaves the round. Writes each run's log and checkpoint. Returns each group's timing facts, or
+    None when `stop()` turned true before the end: every group then saved its state (`resume_path`) and the next
+    call with the same chunks goes on from there, with the same result as an uninterrupted run. On a GPU a group's
+    result does not depend on the groups beside it: each has its own random streams and captures its graphs on its
+    own stream (`benchmarks/lockstep_equal.py`). `progress`: one function (or None) per chunk, given a line per
+    epoch.
 
     With `take_turn` (a function returning a held lock to close at the end, or None when stopped while waiting,
-    see `take_gpu`), the group trains its first epoch (compiling, capturing its CUDA graphs) beside whichever group
-    holds the GPU, then waits for its turn: warm-ups no longer stand between one group's training and the next's.
+    see `take_gpu`), the groups train their first epoch (compiling, capturing their CUDA graphs) beside whichever
+    process holds the GPU, then wait for their turn: warm-ups no longer stand between one process's training and
+    the next's.
 
-    Logs grow as `<log>.partial` and are renamed once the run's checkpoint is saved; a failure removes them.
+    Logs grow as `<log>.partial` and are renamed once the run's checkpoint is saved; a failure removes those of the
+    groups that did not finish.
     """
+    runs = [run for chunk in chunks for run in chunk]
     for run in runs:
         os.makedirs(os.path.dirname(os.path.abspath(run.log_path)), exist_ok=True)
-    resume = read_resume(runs)
-    logs = [open(run.log_path + ".partial", "a" if resume else "w") for run in runs]
-    turn = []  # take_turn's lock, once given
+    streams = device.type == "cuda" and len(chunks) > 1
+    members, turn = [], []  # turn: take_turn's lock, once given
     try:
-        facts = _train_group(runs, logs, device, precision, progress, stop or (lambda: False), resume, compile,
-                             cuda_graphs, take_turn, turn)
+        for chunk, report in zip(chunks, progress or [None] * len(chunks), strict=True):
+            members.append(GroupTraining(chunk, device, precision, compile, cuda_graphs, report, streams))
+        facts = _train_groups(members, stop or (lambda: False), take_turn, turn)
     except BaseException:
-        for run, log in zip(runs, logs):
-            log.close()
-            os.remove(run.log_path + ".partial")
+        for member in members:
+            member.discard_logs()
         raise
     finally:
         for lock in turn:
             lock.close()
-    for log in logs:
-        log.close()
-    if facts is None:
-        return None
-    for run in runs:
-        os.replace(run.log_path + ".partial", run.log_path)
-    if resume:
-        os.remove(resume_path(runs))
+    for member in members:
+        if not member.finished:
+            member.close_logs()
     return facts
 
 
-def _train_group(runs, logs, device, precision, progress, stop, resume, compile, cuda_graphs, take_turn, turn):
-    group = PackedGroup(runs, device, precision, compile, cuda_graphs)
-    total, per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
-    if any((run.total_updates, run.updates_per_epoch) != (total, per_epoch) for run in runs):
-        raise XmlmError("runs packed together must have the same number of updates per epoch and in all")
-    epoch, first_step, tokens_seen, seconds_before = 0, 0, 0, 0.0
-    if resume:
-        group.load_state_dict(resume["group"])
-        epoch, first_step = resume["epoch"] - 1, resume["step"]
-        tokens_seen, seconds_before = resume["tokens"], resume["seconds"]
-        print(f"pack: resuming at update {group.updates} (epoch {resume['epoch']})", file=sys.stderr, flush=True)
-    else:
-        for run, log in zip(runs, logs):
-            log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs)}))
+def _train_groups(members, stop, take_turn, turn):
+    seconds_before = max(member.seconds_before for member in members)
     started = time.perf_counter() - seconds_before
-    warm_at = group.updates + per_epoch  # a take_turn group takes its turn from here on
-    while group.updates < total:
-        epoch += 1
-        schedules = [epoch_batches(run, epoch) for run in runs]
-        if first_step:
-            loss_sum, target_count = resume["loss_sum"].to(device), resume["target_count"].to(device)
+    warm_rounds = max(member.per_epoch for member in members)  # from here on, the groups train in their turn
+    rounds = 0
+    while any(not member.finished for member in members):
+        due = take_turn is not None and not turn and rounds >= warm_rounds
+        if due:
+            waiting_since = time.perf_counter()
+            turn += [lock for lock in [take_turn()] if lock]
+            started += time.perf_counter() - waiting_since  # waiting is not training time
+        if stop() or (due and not turn):  # stopped, maybe while waiting for the turn
+            for member in members:
+                member.suspend(time.perf_counter() - started)
+            return None
+        for member in members:
+            if not member.finished:
+                member.update(started)
+        rounds += 1
+    return [member.facts for member in members]
+
+
+class GroupTraining:
+    """One group's training: its PackedGroup, its runs' logs, and where it is (epoch, step in it, loss sums),
+    resumed from its saved state if there is one. Everything it does runs on its own CUDA stream, if given one."""
+
+    def __init__(self, runs, device, precision, compile, cuda_graphs, progress, stream):
+        self.runs, self.progress = runs, progress
+        self.stream = torch.cuda.Stream(device) if stream else None
+        self.total, self.per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
+        if any((run.total_updates, run.updates_per_epoch) != (self.total, self.per_epoch) for run in runs):
+            raise XmlmError("runs packed together must have the same number of updates per epoch and in all")
+        self.group = PackedGroup(runs, device, precision, compile, cuda_graphs)
+        self.resume = read_resume(runs)
+        self.logs = [open(run.log_path + ".partial", "a" if self.resume else "w") for run in runs]
+        zeros = torch.zeros(len(runs), device=device)
+        # the epoch in progress (its batches, the next step) and the loss sums of its steps so far
+        self.epoch, self.step, self.schedules, self.loss_sum, self.target_count = 0, 0, None, zeros, zeros.clone()
+        self.tokens_seen, self.seconds_before, self.facts = 0, 0.0, None
+        if self.resume:
+            self.group.load_state_dict(self.resume["group"])
+            self.epoch, self.step = self.resume["epoch"], self.resume["step"]
+            self.schedules = [epoch_batches(run, self.epoch) for run in runs]
+            self.loss_sum, self.target_count = self.resume["loss_sum"].to(device), self.resume["target_count"].to(
+                device)
+            self.tokens_seen, self.seconds_before = self.resume["tokens"], self.resume["seconds"]
+            print(f"pack: resuming at update {self.group.updates} (epoch {self.epoch})", file=sys.stderr, flush=True)
         else:
-            loss_sum, target_count = torch.zeros(len(runs), device=device), torch.zeros(len(runs), device=device)
-        for step in range(first_step, min(per_epoch, first_step + total - group.updates)):
-            due = take_turn is not None and not turn and group.updates >= warm_at
-            if due:
-                waiting_since = time.perf_counter()
-                turn += [lock for lock in [take_turn()] if lock]
-                started += time.perf_counter() - waiting_since  # waiting is not training time
-            if stop() or (due and not turn):  # stopped, maybe while waiting for the turn
-                state = {"commands": [run.argv for run in runs], "group": group.state_dict(), "epoch": epoch,
-                         "step": step, "loss_sum": loss_sum, "target_count": target_count, "tokens": tokens_seen,
-                         "seconds": time.perf_counter() - started}
-                os.makedirs(runs[0].cfg.checkpoint.save_dir, exist_ok=True)
-                torch.save(state, resume_path(runs) + ".partial")
-                os.replace(resume_path(runs) + ".partial", resume_path(runs))
-                for log in logs:
-                    log.flush()
-                return None
-            losses, counts, batch = group.step([schedule[step] for schedule in schedules])
-            tokens_seen += batch[-1]
-            loss_sum += losses
-            target_count += counts
-            group.validate_due(epoch, logs)
-        first_step = 0
-        elapsed = time.perf_counter() - started
-        mean_loss = (loss_sum / target_count.clamp(min=1) / math.log(2)).tolist()  # base 2, as fairseq logs
+            for run, log in zip(runs, self.logs):
+                log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs)}))
+        if self.stream is not None:  # after the weights and state set on the default stream
+            self.stream.wait_stream(torch.cuda.current_stream(device))
+
+    @property
+    def finished(self):
+        return self.facts is not None
+
+    def on_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+
+    def update(self, started):
+        """One update; at the end of an epoch its `train` records; after the last, validation and checkpoints."""
+        with self.on_stream():
+            group, runs = self.group, self.runs
+            if self.schedules is None:
+                self.epoch += 1
+                self.schedules = [epoch_batches(run, self.epoch) for run in runs]
+                self.loss_sum.zero_()
+                self.target_count.zero_()
+            losses, counts, batch = group.step([schedule[self.step] for schedule in self.schedules])
+            self.tokens_seen += batch[-1]
+            self.loss_sum += losses
+            self.target_count += counts
+            self.step += 1
+            group.validate_due(self.epoch, self.logs)
+            if self.step == self.per_epoch or group.updates == self.total:
+                self._end_epoch(time.perf_counter() - started)
+            if group.updates == self.total:
+                self._finish(time.perf_counter() - started)
+
+    def _end_epoch(self, elapsed):
+        group = self.group
+        mean_loss = (self.loss_sum / self.target_count.clamp(min=1) / math.log(2)).tolist()  # base 2, as fairseq
         next_lr = learning_rate(group.updates + 1, group.schedule, group.peak_lr)
-        for log, loss in zip(logs, mean_loss):
-            log.write(record_line("train", {"epoch": epoch, "train_loss": loss, "train_ppl": 2 ** loss,
+        for log, loss in zip(self.logs, mean_loss):
+            log.write(record_line("train", {"epoch": self.epoch, "train_loss": loss, "train_ppl": 2 ** loss,
                                             "train_lr": next_lr, "train_num_updates": group.updates,
                                             "train_wall": elapsed}))
             log.flush()
-        if progress:
-            progress(f"epoch {epoch} update {group.updates}/{total}: {group.updates / elapsed:.1f} updates/s, "
-                     f"{group.updates * len(runs) / elapsed:.0f} run-updates/s, mean loss {np.mean(mean_loss):.2f}")
-    group.validate_due(epoch, logs, final=True)
-    seconds = time.perf_counter() - started
-    for slot, (run, log) in enumerate(zip(runs, logs)):
-        save_checkpoint(run, group.stacked.state_dict(slot), epoch)
-        log.write(record_line("packed", {"updates": group.updates, "seconds": seconds,
-                                         "tokens_per_s": tokens_seen / seconds}))
-    facts = {"runs": len(runs), "updates": group.updates, "seconds": seconds, "tokens": tokens_seen}
-    if group.graphs is not None:
-        facts.update(cuda_graphs=len(group.graphs), capture_seconds=round(group.capture_seconds, 1))
-    return facts
+        if self.progress:
+            self.progress(f"epoch {self.epoch} update {group.updates}/{self.total}: "
+                          f"{group.updates / elapsed:.1f} updates/s, "
+                          f"{group.updates * len(self.runs) / elapsed:.0f} run-updates/s, "
+                          f"mean loss {np.mean(mean_loss):.2f}")
+        self.schedules, self.step = None, 0
+
+    def _finish(self, seconds):
+        group = self.group
+        group.validate_due(self.epoch, self.logs, final=True)
+        for slot, (run, log) in enumerate(zip(self.runs, self.logs)):
+            save_checkpoint(run, group.stacked.state_dict(slot), self.epoch)
+            log.write(record_line("packed", {"updates": group.updates, "seconds": seconds,
+                                             "tokens_per_s": self.tokens_seen / seconds}))
+        for run, log in zip(self.runs, self.logs):
+            log.close()
+            os.replace(run.log_path + ".partial", run.log_path)
+        if self.resume:
+            os.remove(resume_path(self.runs))
+        self.facts = {"runs": len(self.runs), "updates": group.updates, "seconds": seconds,
+                      "tokens": self.tokens_seen}
+        if group.graphs is not None:
+            self.facts.update(cuda_graphs=len(group.graphs), capture_seconds=round(group.capture_seconds, 1))
+
+    def suspend(self, seconds):
+        """Save where the group is (`resume_path`), to go on from there in a later process."""
+        if self.finished:
+            return
+        with self.on_stream():
+            between = self.schedules is None  # the next update starts the next epoch
+            state = {"commands": [run.argv for run in self.runs], "group": self.group.state_dict(),
+                     "epoch": self.epoch + between, "step": self.step,
+                     "loss_sum": self.loss_sum * (not between), "target_count": self.target_count * (not between),
+                     "tokens": self.tokens_seen, "seconds": seconds}
+            path = resume_path(self.runs)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            torch.save(state, path + ".partial")
+            os.replace(path + ".partial", path)
+        for log in self.logs:
+            log.flush()
+
+    def close_logs(self):
+        """A suspended group's logs stay `.partial`, to go on in the next process."""
+        for log in self.logs:
+            log.close()
+
+    def discard_logs(self):
+        """After a failure: the logs of a group that did not finish go."""
+        if self.finished:
+            return
+        for run, log in zip(self.runs, self.logs):
+            log.close()
+            os.remove(run.log_path + ".partial")
 
 
 # Small models stack one seed's runs only from this many on. A step of stacked BERT-small runs costs about 3 ms of
@@ -692,12 +797,13 @@ def take_gpu(lock_path, stop, label):
 
 
 def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None, compile=False, cuda_graphs=False,
-                 gpu_lock=None):
+                 gpu_lock=None, lockstep=False):
     """Parse every command, group them, train each group; returns a summary per group, None for a group that
-    `stop()` suspended (the groups after it do not start). With `gpu_lock` (a path), a group trains past its first
-    epoch only while this process holds that lock (`take_gpu`): processes whose groups each keep the GPU busy (CUDA
-    graphs) take turns, and the next one builds its runs and warms up (`train_group`'s take_turn) while the GPU is
-    still busy with the last."""
+    `stop()` suspended (the groups after it do not start). With `lockstep` all groups train at once
+    (`train_groups`), else one after another. With `gpu_lock` (a path), groups train past their first epoch only
+    while this process holds that lock (`take_gpu`): processes whose groups keep the GPU busy (CUDA graphs) take
+    turns, and the next one builds its runs and warms up (`train_groups`' take_turn) while the GPU is still busy
+    with the last."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     check_cuda_graphs(cuda_graphs, device)  # before the runs are built
     stop = stop or (lambda: False)
@@ -707,27 +813,35 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
         if run.done():
             print(f"pack: {run.checkpoint_path} exists, skipped", file=sys.stderr)
     chunks = grouped(pending, max_group)
+    labels = [f"pack group {number}/{len(chunks)} ({len(chunk)} runs, {chunk[0].cfg.model.encoder_layers} x "
+              f"{chunk[0].cfg.model.encoder_embed_dim}d)" for number, chunk in enumerate(chunks, 1)]
     summary = []
-    for number, chunk in enumerate(chunks, 1):
-        label = f"pack group {number}/{len(chunks)} ({len(chunk)} runs, {chunk[0].cfg.model.encoder_layers} x " \
-                f"{chunk[0].cfg.model.encoder_embed_dim}d)"
-        print(f"{label}: building", file=sys.stderr, flush=True)
-        for run in chunk:
-            run.build()
-        print(f"{label}: training", file=sys.stderr, flush=True)
-        facts = train_group(chunk, device, precision,
-                            progress=lambda text: print(f"{label} {text}", file=sys.stderr, flush=True), stop=stop,
-                            compile=compile, cuda_graphs=cuda_graphs,
-                            take_turn=(lambda: take_gpu(gpu_lock, stop, label)) if gpu_lock else None)
-        for run in chunk:  # the next group's models take the memory
-            run.task = run.model = run.criterion = None
+    for team in ([list(range(len(chunks)))] if lockstep and chunks else [[i] for i in range(len(chunks))]):
+        for i in team:
+            print(f"{labels[i]}: building", file=sys.stderr, flush=True)
+            for run in chunks[i]:
+                run.build()
+            print(f"{labels[i]}: training", file=sys.stderr, flush=True)
+        label = " + ".join(labels[i] for i in team)
+        facts = train_groups([chunks[i] for i in team], device, precision,
+                             progress=[lambda text, label=labels[i]: print(f"{label} {text}", file=sys.stderr,
+                                                                           flush=True) for i in team],
+                             stop=stop, compile=compile, cuda_graphs=cuda_graphs,
+                             take_turn=(lambda: take_gpu(gpu_lock, stop, label)) if gpu_lock else None)
+        for i in team:
+            for run in chunks[i]:  # the next groups' models take the memory
+                run.task = run.model = run.criterion = None
         if facts is None:
-            print(f"{label}: suspended, state in {resume_path(chunk)}; rerun to resume", file=sys.stderr, flush=True)
-            summary.append(None)
+            for i in team:
+                print(f"{labels[i]}: suspended, state in {resume_path(chunks[i])}; rerun to resume", file=sys.stderr,
+                      flush=True)
+            summary += [None] * len(team)
             break
-        print(f"{label}: done in {facts['seconds']:.0f}s, {facts['updates'] * facts['runs'] / facts['seconds']:.0f} "
-              "run-updates/s", file=sys.stderr, flush=True)
-        summary.append(facts)
+        for i, group_facts in zip(team, facts):
+            print(f"{labels[i]}: done in {group_facts['seconds']:.0f}s, "
+                  f"{group_facts['updates'] * group_facts['runs'] / group_facts['seconds']:.0f} run-updates/s",
+                  file=sys.stderr, flush=True)
+        summary += facts
     return summary
 
 
@@ -758,16 +872,44 @@ def fills_gpu(runs):
     return weight_count(runs[0]) >= 10_000_000
 
 
+def lockstep_teams(chunks):
+    """The groups as they share processes (`train_groups`): each group that fills the GPU with one that does not, of
+    the same length (data, epochs, updates, batch size) where there is one; each small group left over joins the
+    team of fewest groups that has a large one; without large groups, each group alone. On an H100 a round of three
+    groups on streams of their own took 1/1.082 of their updates one after another, of two 1/1.040
+    (docs/benchmarks.md, twentieth session)."""
+    def length(chunk):
+        cfg = chunk[0].cfg
+        return cfg.task.data, cfg.task.no_parallel, cfg.optimization.max_epoch, cfg.optimization.max_update, \
+            cfg.dataset.batch_size
+
+    large, small = [c for c in chunks if fills_gpu(c)], [c for c in chunks if not fills_gpu(c)]
+    teams = []
+    for chunk in large:
+        partner = next((c for c in small if length(c) == length(chunk)), None)
+        if partner is not None:
+            small.remove(partner)
+        teams.append([chunk] + ([partner] if partner else []))
+    if not teams:
+        return [[chunk] for chunk in small]
+    for chunk in small:
+        min(teams, key=len).append(chunk)
+    return teams
+
+
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None,
-                       cuda_graphs=None):
-    """Every group (see `group_key`) in its own packed_training process, `slots` processes at a time on the GPU. A
-    group takes at most 60 % of a GPU's memory budget (by `estimated_gpu_bytes`: three BERT-base runs on an 80 GB
-    GPU); larger models start first; with several GPUs each process runs on one of them, the least loaded.
+                       cuda_graphs=None, lockstep=False):
+    """Every group (see `group_key`) in a packed_training process, `slots` processes at a time on the GPU. A group
+    takes at most 60 % of a GPU's memory budget (by `estimated_gpu_bytes`: three BERT-base runs on an 80 GB GPU);
+    larger models start first; with several GPUs each process runs on one of them, the least loaded.
     `compile` (default: on a GPU) compiles the stacked layers and the optimizer step; `cuda_graphs` (default: on a
     GPU) replays each batch shape's whole update as a CUDA graph, and the processes then train one at a time per GPU
-    (`take_gpu`) while the others build their runs and train their first epoch (compiling). Without graphs, groups
-    train side by side, so one group's Python overlaps the others' kernels, and a group that fills a GPU
-    (`fills_gpu`) never shares one with another such group.
+    (`take_gpu`) while the others build their runs and train their first epoch (compiling). With `lockstep` a
+    group that fills the GPU shares its process with small ones, in lockstep (`lockstep_teams`, `train_groups`): its
+    rounds are faster, but such a process compiles its groups one after another, and is larger, so fewer of them
+    warm up beside the one training (docs/benchmarks.md, twentieth session). Without graphs, groups train side by
+    side, so one group's Python overlaps the others' kernels, and a group that fills a GPU (`fills_gpu`) never
+    shares one with another such group.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
     so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt, summary.<i>.json and
     logs/<i>.log; returns the wall time and the per-process summaries."""
@@ -783,14 +925,16 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     chunks = grouped([parse_run(command) for command in commands], max_group, capacity and 0.6 * capacity)
     # the longest groups (larger models, more runs) first, so none is left to run alone at the end
     chunks.sort(key=lambda chunk: (-chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
+    teams = lockstep_teams(chunks) if lockstep else [[chunk] for chunk in chunks]
     processes, summaries = [], []
-    for index, chunk in enumerate(chunks):
+    for index, team in enumerate(teams):
         listing, summary = os.path.join(workdir, f"commands.{index}.txt"), os.path.join(workdir, f"summary.{index}.json")
         with open(listing, "w") as f:
-            f.writelines(shlex.join(run.argv) + "\n" for run in chunk)
+            f.writelines(shlex.join(run.argv) + "\n" for chunk in team for run in chunk)
         processes.append([sys.executable, "-m", "fairseq_xmlm.packed_training", listing, "--max-group", str(max_group),
                           "--precision", precision, "--summary", summary] + (["--compile"] if compile else [])
-                         + (["--cuda-graphs"] if cuda_graphs else []) + turns)
+                         + (["--cuda-graphs"] if cuda_graphs else []) + turns
+                         + (["--lockstep"] if len(team) > 1 else []))
         summaries.append(summary)
     slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
     devices = several_gpus()  # each process on one of them, spread by memory
@@ -798,9 +942,10 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     print(f"pack: {len(commands)} runs in {len(processes)} groups, at most {slots} processes at a time and as many "
           f"as fit in GPU memory ({len(devices or [0])} GPUs); progress in {logs}/", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    follow = [[c for run in chunk for c in (then or {}).get(tuple(run.argv), [])] for chunk in chunks]
-    run_packed(processes, slots, logs, costs=[estimated_gpu_bytes(chunk) for chunk in chunks], capacity=capacity,
-               devices=devices, then=follow, exclusive=[fills_gpu(chunk) and not cuda_graphs for chunk in chunks])
+    follow = [[c for chunk in team for run in chunk for c in (then or {}).get(tuple(run.argv), [])] for team in teams]
+    run_packed(processes, slots, logs, costs=[sum(map(estimated_gpu_bytes, team)) for team in teams],
+               capacity=capacity, devices=devices, then=follow,
+               exclusive=[fills_gpu(team[0]) and not cuda_graphs for team in teams])
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 
@@ -818,6 +963,8 @@ def main(argv=None):
                         help="replay each batch shape's whole update as a CUDA graph (GPU only)")
     parser.add_argument("--gpu-lock", help="train a group past its first epoch only while holding this lock file "
                         "(flock): processes take turns on the GPU")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="train all groups at once, one update of each a round (each on a CUDA stream of its own)")
     parser.add_argument("--time-limit", type=float, default=0,
                         help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
     args = parser.parse_args(argv)
@@ -831,7 +978,7 @@ def main(argv=None):
     try:
         summary = train_packed(read_commands(args.commands), args.max_group, args.precision, stop=lambda: bool(
             signalled or (args.time_limit and time.perf_counter() - started > args.time_limit)), compile=args.compile,
-            cuda_graphs=args.cuda_graphs, gpu_lock=args.gpu_lock)
+            cuda_graphs=args.cuda_graphs, gpu_lock=args.gpu_lock, lockstep=args.lockstep)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -173,6 +173,19 @@ def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
         assert read_fairseq_log(tmp_path / name / "train.log", "train")[-1]["train_num_updates"] == 5
 
 
+def test_side_by_side_lockstep_trains_a_large_group_with_a_small_one_in_one_process(fake_english_data, tmp_path):
+    """With lockstep, a group that fills the GPU (768 wide) and a small one train in one process (`lockstep_teams`
+    is checked on more groups below), each run as its command says."""
+    commands = [command(fake_english_data, tmp_path, name, 1, *flags, "--max-update", "2")
+                for name, flags in (("a", ()), ("b", ("--lang-pos",)),
+                                    ("wide", ("--encoder-layers", "1", "--encoder-embed-dim", "768")))]
+    result = packed_training.train_side_by_side(commands, tmp_path / "pack", lockstep=True)
+    assert [[g["runs"] for g in p["groups"]] for p in result["processes"]] == [[1, 2]]
+    assert [p.name for p in (tmp_path / "pack" / "logs").iterdir()] == ["0.log"]
+    for name in ("a", "b", "wide"):
+        assert read_fairseq_log(tmp_path / name / "train.log", "train")[-1]["train_num_updates"] == 2
+
+
 def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_english_data, tmp_path):
     flags = [(), ("--lang-pos",), ("--no-random",), ("--shift-special",)]
     runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"{i}s{seed}", seed, *f))
@@ -191,6 +204,15 @@ def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_engli
             for seed in (1, 2)]
     assert packed_training.fills_gpu(base)  # BERT-base's shape: its seeds never stack
     assert [[run.cfg.common.seed for run in c] for c in packed_training.grouped(base, 40)] == [[1], [2]]
+    # with lockstep, a process trains a group that fills the GPU beside a small one of the same length, if any;
+    # small groups left over join the smallest team; without a large group, each group trains alone
+    longer = [packed_training.parse_run(command(fake_english_data, tmp_path, "long", 1, "--max-update", "9"))]
+    small = packed_training.grouped(runs[:4] + longer, 40)
+    big = packed_training.grouped(base, 40)
+    teams = packed_training.lockstep_teams(big + small)
+    assert [[chunk[0].cfg.optimization.max_update for chunk in team] for team in teams] == [[0, 0], [0, 9]]
+    assert packed_training.lockstep_teams(big[:1] + small) == [[big[0], small[0], small[1]]]
+    assert packed_training.lockstep_teams(small) == [[small[0]], [small[1]]]
 
 
 @pytest.mark.parametrize("heads", [(), ONE_HEAD], ids=["two-heads", "one-head"])
@@ -273,6 +295,39 @@ def test_suspended_group_resumes_to_the_same_result(fake_english_data, tmp_path)
                     for r in read_fairseq_log(tmp_path / folder / name / "train.log", "train")]
                    for folder in ("whole", "split")]
         assert records[0] == records[1] and records[0][-1]["train_num_updates"] == 7
+
+
+def test_groups_in_lockstep_end_as_alone_and_resume(fake_english_data, tmp_path):
+    """Two groups of different shapes trained in lockstep (5 and 7 updates: the shorter leaves the round) end as
+    each trained alone; stopped after 3 rounds and resumed by fresh runs, they end the same again. Dropout off: on
+    the CPU the groups draw it from one generator (on a GPU each has its own)."""
+    no_dropout = ("--dropout", "0", "--attention-dropout", "0")
+
+    def groups(folder):
+        return [[packed_training.parse_run(command(fake_english_data, tmp_path / folder, name, 1, *no_dropout,
+                                                   "--max-update", "5")).build() for name in "ab"],
+                [packed_training.parse_run(command(fake_english_data, tmp_path / folder, "c", 2, *no_dropout,
+                                                   "--encoder-embed-dim", "48", "--max-update", "7")).build()]]
+
+    cpu = torch.device("cpu")
+    for chunk in groups("alone"):
+        packed_training.train_group(chunk, cpu, "fp32")
+    assert [facts["updates"] for facts in packed_training.train_groups(groups("team"), cpu, "fp32")] == [5, 7]
+    rounds = iter(range(100))
+    assert packed_training.train_groups(groups("split"), cpu, "fp32", stop=lambda: next(rounds) == 3) is None
+    assert (tmp_path / "split" / "c" / "checkpoints" / "packed_resume.pt").exists()
+    assert packed_training.train_groups(groups("split"), cpu, "fp32") is not None
+    assert not (tmp_path / "split" / "c" / "checkpoints" / "packed_resume.pt").exists()
+    for name in "abc":
+        alone, *others = (load_checkpoint(tmp_path / folder / name / "checkpoints" / "checkpoint_last.pt")[0]
+                          for folder in ("alone", "team", "split"))
+        for other in others:
+            for (key, value), got in zip(alone.state_dict().items(), other.state_dict().values()):
+                assert torch.equal(value, got), (name, key)
+        records = [[{k: v for k, v in r.items() if k not in ("train_wall", "seconds", "tokens_per_s")}
+                    for r in read_fairseq_log(tmp_path / folder / name / "train.log", "train")]
+                   for folder in ("alone", "team", "split")]
+        assert records[0] == records[1] == records[2]
 
 
 def test_group_warms_up_before_its_turn_and_resumes_if_stopped_waiting(fake_english_data, tmp_path):

@@ -190,7 +190,8 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args
     run(evaluate_command(run_id, run_dir, data, preset), dry_run)
 
 
-def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run, compile=None):
+def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run, compile=None,
+                   lockstep=False):
     """--gpu-pack: the runs trained before but not evaluated are evaluated, the untrained checkpoints are made, and
     every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group), all side
     by side and spread over the GPUs when there are several. Each run is evaluated as soon as its checkpoint
@@ -226,7 +227,8 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
     if commands:
         from fairseq_xmlm.packed_training import train_side_by_side
 
-        train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then, compile=compile)
+        train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then, compile=compile,
+                           lockstep=lockstep)
     stages["training_and_evaluation_s"] = time.perf_counter() - started - stages["untrained_and_ready_s"]
     stages.update(runs=len(pending), trained_runs=len(commands), device=_device_name(),
                   date=time.strftime("%Y-%m-%d %H:%M"))
@@ -309,6 +311,9 @@ def main(argv=None):
     parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
     parser.add_argument("--pack-eager", action="store_true",
                         help="--gpu-pack: no torch.compile of the stacked models (compiled by default)")
+    parser.add_argument("--pack-lockstep", action="store_true",
+                        help="--gpu-pack: train each BERT-base group in one process with small groups, each on a "
+                             "CUDA stream of its own, one update of each a round (faster rounds, slower warm-up)")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
@@ -339,7 +344,7 @@ def main(argv=None):
                    if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
         slots = args.pack_slots or max(1, (os.cpu_count() or 2) // 2)
         run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, args.pack_max_group, args.dry_run,
-                       False if args.pack_eager else None)
+                       False if args.pack_eager else None, args.pack_lockstep)
     else:
         for run_id in ids:
             for seed in seeds:

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The Dufter Tables 1 + 2 sweep (examples/dufter/run.py full --seeds 5 --gpu-pack) timed from start to tables in one
+# uninterrupted run that outlives the device tool's 10-minute calls: `start` launches it in a process session of
+# its own (setsid, which the tool leaves running until the machine goes back) from a copy of the tree in
+# /tmp/sweep, with inductor's caches emptied first (a cold machine); `wait` follows it for at most WAIT_SECONDS
+# (default 570) and prints its progress; once it has ended, `wait` prints its wall time and exit status and sends
+# the results folder back without checkpoints as $OUT/dufter.tgz. Chain the calls on one warm machine, as in
+# docs/benchmarks.md (twentieth session).
+#
+#   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"];
+#   commands: bash benchmarks/dufter_sweep_detached.sh start, then bash benchmarks/dufter_sweep_detached.sh wait
+set -u
+sweep=/tmp/sweep
+results=$sweep/results/dufter
+case "${1:-}" in
+start)
+    source .whl/install_on_device.sh || exit 1
+    [ -e "$sweep" ] && { echo "sweep: $sweep exists (started before on this machine)"; exit 1; }
+    mkdir -p "$sweep" && cp -a fairseq_xmlm examples benchmarks data-bin "$sweep"/ &&
+        mkdir -p "$results" && cp results/dufter/knn_table.pt "$results"/ || exit 1
+    rm -rf /tmp/torchinductor_"$(whoami)"
+    cd "$sweep" || exit 1
+    export PYTHONPATH=/tmp/site:$sweep
+    setsid bash -c 'date +%s > started; python3 examples/dufter/run.py full --seeds 5 --gpu-pack \
+        --results results/dufter > recipe.log 2>&1; echo "$? $(date +%s)" > ended' < /dev/null > /dev/null 2>&1 &
+    sleep 5
+    echo "sweep: started at $(date -u +%H:%M:%S) UTC in $sweep"
+    ;;
+wait)
+    for _ in $(seq "$(( ${WAIT_SECONDS:-570} / 5 ))"); do
+        [ -e "$sweep/ended" ] && break
+        sleep 5
+    done
+    grep -v DEBUG "$sweep/recipe.log" | grep -E "gpu-pack|Error|error|failed" | tail -5
+    for log in "$results"/pack/logs/*.log; do  # each packed process: its last line of progress
+        [ -e "$log" ] && echo "${log##*/}: $(grep -E "^pack" "$log" | tail -1)"
+    done
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    if [ -e "$sweep/ended" ]; then
+        read -r status ended < "$sweep/ended"
+        echo "sweep: ended with exit $status after $(( ended - $(cat "$sweep/started") )) s"
+        cp "$sweep/recipe.log" "$OUT"/
+        tar czf "$OUT/dufter.tgz" --exclude='*.pt' -C "$sweep" results/dufter
+    else
+        echo "sweep: running for $(( $(date +%s) - $(cat "$sweep/started") )) s; call wait again"
+    fi
+    ;;
+*)
+    echo "usage: $0 start|wait"; exit 2 ;;
+esac
