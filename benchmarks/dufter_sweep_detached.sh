@@ -9,6 +9,7 @@
 #
 #   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"];
 #   commands: bash benchmarks/dufter_sweep_detached.sh start, then bash benchmarks/dufter_sweep_detached.sh wait
+#   (PACK_ARGS=--pack-lockstep before `start` adds the recipe's options)
 set -u
 sweep=/tmp/sweep
 results=$sweep/results/dufter
@@ -21,10 +22,11 @@ start)
     rm -rf /tmp/torchinductor_"$(whoami)"
     cd "$sweep" || exit 1
     export PYTHONPATH=/tmp/site:$sweep
-    setsid bash -c 'date +%s > started; python3 examples/dufter/run.py full --seeds 5 --gpu-pack \
+    export PACK_ARGS=${PACK_ARGS:-}
+    setsid bash -c 'date +%s > started; python3 examples/dufter/run.py full --seeds 5 --gpu-pack $PACK_ARGS \
         --results results/dufter > recipe.log 2>&1; echo "$? $(date +%s)" > ended' < /dev/null > /dev/null 2>&1 &
     sleep 5
-    echo "sweep: started at $(date -u +%H:%M:%S) UTC in $sweep"
+    echo "sweep: started at $(date -u +%H:%M:%S) UTC in $sweep ${PACK_ARGS}"
     ;;
 wait)
     for _ in $(seq "$(( ${WAIT_SECONDS:-570} / 5 ))"); do
