@@ -423,8 +423,9 @@ class PackedGroup:
         # On a GPU the dropout draws come from a generator state of the group's own, which `step` makes the default
         # generator's: groups beside each other on streams (`train_groups`) then neither share one nor race for it
         # (each replay of a CUDA graph first writes its generator's offset to the device, on its own stream).
-        self.dropout_rng = torch.cuda.default_generators[self._cuda_index()].clone_state() if (
-            device.type == "cuda") else None
+        self.cuda_generator = None if device.type != "cuda" else torch.cuda.default_generators[
+            device.index if device.index is not None else torch.cuda.current_device()]
+        self.dropout_rng = self.cuda_generator.clone_state() if self.cuda_generator is not None else None
         self.generator = torch.Generator(device=device).manual_seed(first.common.seed)  # masking draws
         self.stacked = StackedEncoder([run.model for run in runs], device,
                                       torch.bfloat16 if precision == "bf16" else torch.float32, compile)
@@ -447,15 +448,12 @@ class PackedGroup:
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.capture_seconds = 0.0
 
-    def _cuda_index(self):
-        return self.device.index if self.device.index is not None else torch.cuda.current_device()
-
     def step(self, indices):
         """One update of every run on its batch `indices[slot]`; returns (summed losses (N,), target counts (N,),
         the batch (inputs, langs, positions, target ids, real tokens)) without waiting for the GPU. With CUDA
         graphs these tensors are the graph's own, valid until the next step."""
         if self.dropout_rng is not None:
-            torch.cuda.default_generators[self._cuda_index()].graphsafe_set_state(self.dropout_rng)
+            self.cuda_generator.graphsafe_set_state(self.dropout_rng)
         rows, length, budget, ntokens = self.data.plan(indices)
         self.updates += 1
         self.adam.schedule(learning_rate(self.updates, self.schedule, self.peak_lr))

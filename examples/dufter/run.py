@@ -193,9 +193,10 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args
 def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run, compile=None,
                    lockstep=False):
     """--gpu-pack: the runs trained before but not evaluated are evaluated, the untrained checkpoints are made, and
-    every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group), all side
-    by side and spread over the GPUs when there are several. Each run is evaluated as soon as its checkpoint
-    exists, so a sweep stopped midway keeps every result it finished. Prints and saves the stage times."""
+    every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group or, with
+    `lockstep`, per team of groups), all side by side and spread over the GPUs when there are several. Each run is
+    evaluated as soon as its checkpoint exists, so a sweep stopped midway keeps every result it finished. Prints and
+    saves the stage times."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     results.mkdir(parents=True, exist_ok=True)
