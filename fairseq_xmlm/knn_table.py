@@ -22,7 +22,9 @@ Table format: a `.pt` file of plain tensors, ints and strings (loads with `torch
   k, langs, method ("csls" or "nn")
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -48,28 +50,41 @@ def write_symbol_corpus(sentences, dictionary, path, prefix="", reverse=False):
             f.write(" ".join(reversed(symbols) if reverse else symbols) + "\n")
 
 
-def train_fasttext(corpus_path, dim, epochs, seed, threads, min_count=1):
-    """Skipgram vectors of every word of the corpus -> (words sorted by decreasing frequency, (n, dim) array)."""
-    from fasttext import FastText
+# What `train_fasttext` runs in a fresh interpreter: fastText's options (JSON) in, words and vectors (.npz) out.
+FASTTEXT_PROGRAM = """
+import json, sys
+import numpy as np
+from fasttext import FastText
 
-    # fasttext.train_unsupervised does not pass fastText's -seed through; build its arguments the way it does.
-    options = dict(input=str(corpus_path), model="skipgram", dim=dim, epoch=epochs, minCount=min_count,
-                   seed=seed, thread=threads, verbose=0)
-    for attempt in range(3):
-        args = FastText._build_args({**FastText.unsupervised_default, **options, "seed": seed + attempt},
-                                    set(options))
-        model = FastText._FastText(args=args)
-        try:
-            FastText.fasttext.train(model.f, args)
-            break
-        except RuntimeError as err:  # "Encountered NaN": seen once in a long test session, never alone
-            if "NaN" not in str(err) or attempt == 2:
-                raise XmlmError(f"fastText training failed on {corpus_path}: {err}")
-            print(f"fastText diverged (NaN) with seed {seed + attempt}; retrying with seed {seed + attempt + 1}",
-                  file=sys.stderr)
-    model.set_args(model.f.getArgs())
-    words = [w for w in model.get_words() if w != "</s>"]  # fastText's own end-of-line token
-    return words, np.stack([model.get_word_vector(w) for w in words])
+options, out = json.loads(sys.argv[1]), sys.argv[2]
+# fasttext.train_unsupervised does not pass fastText's -seed through; build its arguments the way it does.
+args = FastText._build_args({**FastText.unsupervised_default, **options}, set(options))
+model = FastText._FastText(args=args)
+FastText.fasttext.train(model.f, args)
+model.set_args(model.f.getArgs())
+words = [w for w in model.get_words() if w != "</s>"]  # fastText's own end-of-line token
+np.savez(out, words=np.array(words), vectors=np.stack([model.get_word_vector(w) for w in words]))
+"""
+
+
+def train_fasttext(corpus_path, dim, epochs, seed, threads, min_count=1):
+    """Skipgram vectors of every word of the corpus -> (words sorted by decreasing frequency, (n, dim) array).
+
+    Trains in a fresh interpreter. fastText randomly initialises only the first `threads` tenths of its input matrix
+    (the words, then 2M subword buckets) and leaves the rest as malloc returns it: zeros in a young process, where a
+    matrix that large is freshly mapped, but stale heap data in a long-lived one such as a test session, where the
+    same seed gave other vectors (mappings that recovered no twin, or fastText's "Encountered NaN.")."""
+    options = dict(input=str(corpus_path), model="skipgram", dim=dim, epoch=epochs, minCount=min_count, seed=seed,
+                   thread=threads, verbose=0)
+    with tempfile.TemporaryDirectory(prefix="xmlm-fasttext-") as tmp:
+        out = os.path.join(tmp, "vectors.npz")
+        child = subprocess.run([sys.executable, "-c", FASTTEXT_PROGRAM, json.dumps(options), out],
+                               capture_output=True, text=True)
+        if child.returncode != 0:
+            reason = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+            raise XmlmError(f"fastText training failed on {corpus_path}: {reason}")
+        with np.load(out) as trained:
+            return trained["words"].tolist(), trained["vectors"]
 
 
 def language_vectors(sentences, dictionary, symbol_ids, corpus_path, prefix, reverse, dim, epochs, seed, threads):
@@ -155,8 +170,6 @@ def save_table(table, out):
 
 
 def is_fake_english_data(data_dir):
-    import json
-
     meta = os.path.join(data_dir, "meta.json")
     return os.path.isfile(meta) and json.load(open(meta, encoding="utf-8")).get("task") == "fake_english"
 

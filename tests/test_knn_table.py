@@ -1,5 +1,10 @@
 """xmlm-build-knn end to end on the real BBE New Testament: fastText on English and on Fake-English (different
 seeds), unsupervised VecMap mapping, neighbour table. The twin of a frequent word must be its nearest neighbour."""
+import contextlib
+import ctypes
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -81,3 +86,38 @@ def test_two_real_languages_share_one_table_by_ownership():
     assert (table[ids_a[owned_a], 0] == ids_b[owned_a]).float().mean() > 0.95   # A's word -> its B counterpart
     assert (table[ids_b[owned_b], 0] == ids_a[owned_b]).float().mean() > 0.95
     assert torch.isin(table[ids_a[owned_a]], ids_b).all() and torch.isin(table[ids_b[owned_b]], ids_a).all()
+
+
+@contextlib.contextmanager
+def freed_heap_full_of_nonzero_bytes(size=512 * 2**20):
+    """Leave `size` bytes of freed, dirty memory in this process's malloc heap, as a long test session does: small
+    chunks (below the mmap threshold) filled with 0x3b bytes (as floats about 0.0029), freed under a live fence
+    chunk, so they coalesce into one free block that the heap keeps instead of returning it to the system. 512 MiB
+    holds fastText's word table (120 MB) and a 16-dimensional input matrix (128 MB) side by side."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    chunk = 64 * 2**10
+    chunks = [libc.malloc(chunk) for _ in range(size // chunk)]
+    for address in chunks:
+        ctypes.memset(address, 0x3B, chunk)
+    fence = libc.malloc(1024)
+    for address in chunks:
+        libc.free(address)
+    try:
+        yield
+    finally:
+        libc.free(fence)
+
+
+def test_fasttext_vectors_do_not_depend_on_memory_this_process_freed(tmp_path):
+    """fastText leaves most of its input matrix (the subword rows) as malloc returns it; trained in this process
+    over such a heap, the same seed gave other vectors (and, in a whole test session, a failed mapping)."""
+    rng = random.Random(0)
+    words = [f"w{i}x" for i in range(200)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(" ".join(rng.choices(words, k=12)) + "\n" for _ in range(300)), encoding="utf-8")
+    words_before, vectors_before = knn_table.train_fasttext(corpus, dim=16, epochs=1, seed=1, threads=1)
+    with freed_heap_full_of_nonzero_bytes():
+        words_after, vectors_after = knn_table.train_fasttext(corpus, dim=16, epochs=1, seed=1, threads=1)
+    assert words_after == words_before and np.array_equal(vectors_after, vectors_before)
