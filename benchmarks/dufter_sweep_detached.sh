@@ -3,9 +3,10 @@
 # uninterrupted run that outlives the device tool's 10-minute calls: `start` launches it in a process session of
 # its own (setsid, which the tool leaves running until the machine goes back) from a copy of the tree in
 # /tmp/sweep, with inductor's caches emptied first (a cold machine); `wait` follows it for at most WAIT_SECONDS
-# (default 570) and prints its progress; once it has ended, `wait` prints its wall time and exit status and sends
-# the results folder back without checkpoints as $OUT/dufter.tgz. Chain the calls on one warm machine, as in
-# docs/benchmarks.md (twentieth session).
+# (default 570) and prints its progress and the GPU's mean utilisation so far (sampled every 10 s, $OUT/gpu.csv);
+# once it has ended, `wait` prints its wall time and exit status and sends the results folder back without
+# checkpoints as $OUT/dufter.tgz. Chain the calls on one warm machine, as in docs/benchmarks.md (twentieth and
+# twenty-first sessions).
 #
 #   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"];
 #   commands: bash benchmarks/dufter_sweep_detached.sh start, then bash benchmarks/dufter_sweep_detached.sh wait
@@ -23,6 +24,9 @@ start)
     cd "$sweep" || exit 1
     export PYTHONPATH=/tmp/site:$sweep
     export PACK_ARGS=${PACK_ARGS:-}
+    # the GPU's utilisation and memory every 10 s, for the whole sweep (it ends with the machine)
+    setsid nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 10 > gpu.csv \
+        2>/dev/null < /dev/null &
     setsid bash -c 'date +%s > started; python3 examples/dufter/run.py full --seeds 5 --gpu-pack $PACK_ARGS \
         --results results/dufter > recipe.log 2>&1; echo "$? $(date +%s)" > ended' < /dev/null > /dev/null 2>&1 &
     sleep 5
@@ -37,7 +41,10 @@ wait)
     for log in "$results"/pack/logs/*.log; do  # each packed process: its last line of progress
         [ -e "$log" ] && echo "${log##*/}: $(grep -E "^pack" "$log" | tail -1)"
     done
-    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    awk -F', ' '{gsub(/ %/, "", $2); n++; u += $2}
+        END {if (n) printf "GPU busy %.0f %% on average over %d samples\n", u / n, n}' "$sweep/gpu.csv"
+    tail -1 "$sweep/gpu.csv"
+    cp "$sweep/gpu.csv" "$OUT"/
     if [ -e "$sweep/ended" ]; then
         read -r status ended < "$sweep/ended"
         echo "sweep: ended with exit $status after $(( ended - $(cat "$sweep/started") )) s"

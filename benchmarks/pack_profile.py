@@ -128,6 +128,8 @@ def main():
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--plugin", help="a fairseq_xmlm folder to use instead of this checkout's")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps' timeline (.trace.json.gz)")
+    parser.add_argument("--no-dropout", action="store_true",
+                        help="train without dropout (hidden, attention, activation): what dropout costs a step")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.plugin:
@@ -163,9 +165,12 @@ def main():
                 torch._inductor.config.fx_graph_cache = False
                 torch._functorch.config.enable_autograd_cache = False
             group = packed_training.PackedGroup(runs, device, **options)
+            if args.no_dropout:
+                group.dropouts = (0.0, 0.0, 0.0)
             with attention:
                 result, profiler = profile_group(group, schedules, args, device)
             result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
+                      "dropout": not args.no_dropout,
                       "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
                       **result, "cuda_graphs": len(group.graphs) if group.graphs is not None else None,
                       "capture_s": round(group.capture_seconds, 1),

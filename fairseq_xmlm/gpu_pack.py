@@ -31,7 +31,7 @@ def default_slots(workers_per_run):
 
 
 def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None, then=None,
-               exclusive=None):
+               exclusive=None, stop=None):
     """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
 
     `then[i]` (optional) lists commands to run as soon as command i has succeeded (an evaluation of what it
@@ -46,7 +46,8 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     `capacity` holds per GPU; without, every run sees the GPUs of the environment.
     Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended. On SIGTERM it
     passes the signal on to the running ones (a packed_training process then saves its state to resume), waits
-    for them, and raises XmlmError.
+    for them, and raises XmlmError; so it does once `stop()` (optional) turns true, e.g. when run in a thread,
+    where SIGTERM cannot be caught.
     """
     if slots < 1:
         raise XmlmError(f"--slots must be at least 1, got {slots}")
@@ -65,7 +66,7 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, lambda *_: terminated.append(True)) if in_main else None
     try:
-        while (pending or running) and not terminated:
+        while (pending or running) and not terminated and not (stop and stop()):
             while pending and len(running) < slots:
                 placement = _place(pending, running, costs, capacity, devices or [None], exclusive)
                 if placement is None:
@@ -96,7 +97,8 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
                     exclusive += [False] * len(follow)
                     pending[:0] = follow
             time.sleep(poll_s)
-        for process, _, _, _ in running.values():  # only after SIGTERM: pass it on, let them save their state
+        stopped = bool(pending or running)  # the loop ended before them: SIGTERM or stop()
+        for process, _, _, _ in running.values():  # only when stopped: pass SIGTERM on, let them save their state
             process.terminate()
         for process, log, _, _ in running.values():
             process.wait()
@@ -104,9 +106,9 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
-    if terminated:
-        raise XmlmError(f"stopped by SIGTERM: {len(running)} runs were running, {len(pending)} had not started; "
-                        "rerun to go on (packed groups resume where they stopped)")
+    if stopped:
+        raise XmlmError(f"stopped{' by SIGTERM' if terminated else ''}: {len(running)} runs were running, "
+                        f"{len(pending)} had not started; rerun to go on (packed groups resume where they stopped)")
     if failed:
         logs = ", ".join(os.path.join(log_dir, f"{i}.log") for i in sorted(failed))
         raise XmlmError(f"{len(failed)} of {len(commands)} packed runs failed; see {logs}")

@@ -1,7 +1,7 @@
 """Train many Fake-English fairseq-train runs at once on one GPU, as stacked models (`examples/dufter --gpu-pack`).
 
     python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32] [--time-limit S]
-        [--compile] [--cuda-graphs] [--gpu-lock PATH] [--lockstep]
+        [--compile] [--cuda-graphs] [--gpu-lock PATH] [--warm-up-lock PATH] [--lockstep]
 
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
@@ -10,9 +10,10 @@ by fairseq; runs with the same model shape, optimiser settings and schedule (`gr
 (`grouped`), are then trained together as one `StackedEncoder`, up to --max-group runs at a time.
 `train_side_by_side` runs the groups in processes, several at once on the GPU; with --cuda-graphs (its default on a
 GPU) each batch shape's whole update is captured once and replayed, --gpu-lock makes the processes take turns on
-the GPU, which such a group keeps busy by itself, and --lockstep trains a process's groups at once, each on a CUDA
-stream of its own (a BERT-base group beside small ones, `--pack-lockstep` of the recipe). What each run gets is
-what fairseq-train would give it:
+the GPU, which such a group keeps busy by itself, --warm-up-lock makes the processes of one model shape warm up
+(compile) one after another, so that all but the first find the layers in inductor's cache, and --lockstep trains
+a process's groups at once, each on a CUDA stream of its own (a BERT-base group beside small ones, `--pack-lockstep`
+of the recipe). What each run gets is what fairseq-train would give it:
 
 - batches: the task's batch iterator for that epoch and seed (`ordered_batches`, fairseq's own shuffling);
 - masking: the task's masker (`masking.mask_batch`, each run's replacement probabilities and mask symbols), drawn
@@ -551,14 +552,14 @@ def read_resume(runs):
 
 
 def train_group(runs, device, precision="bf16", progress=None, stop=None, compile=False, cuda_graphs=False,
-                take_turn=None):
+                take_turn=None, take_warm_up=None):
     """`train_groups` of one group: its timing facts, or None when suspended."""
-    facts = train_groups([runs], device, precision, [progress], stop, compile, cuda_graphs, take_turn)
+    facts = train_groups([runs], device, precision, [progress], stop, compile, cuda_graphs, take_turn, take_warm_up)
     return None if facts is None else facts[0]
 
 
 def train_groups(chunks, device, precision="bf16", progress=None, stop=None, compile=False, cuda_graphs=False,
-                 take_turn=None):
+                 take_turn=None, take_warm_up=None):
     """Train each chunk of runs (one group_key each) as a group, all groups in lockstep: one update of each a round,
     each group on a CUDA stream of its own, so that one group's kernels fill the GPU where another's leave it idle
     (on an H100 a BERT-base group and a BERT-small group took 52.24 ms a round against 54.32 ms one after the other,
@@ -573,7 +574,10 @@ def train_groups(chunks, device, precision="bf16", progress=None, stop=None, com
     With `take_turn` (a function returning a held lock to close at the end, or None when stopped while waiting,
     see `take_gpu`), the groups train their first epoch (compiling, capturing their CUDA graphs) beside whichever
     process holds the GPU, then wait for their turn: warm-ups no longer stand between one process's training and
-    the next's.
+    the next's. With `take_warm_up` (the same kind of function) that first epoch waits for a lock of its own,
+    released when the epoch ends: processes of one model shape then compile one after another, and each after the
+    first finds the compiled layers in inductor's cache instead of compiling them beside the others on the same CPU
+    cores (docs/benchmarks.md, twenty-first session).
 
     Logs grow as `<log>.partial` and are renamed once the run's checkpoint is saved; a failure removes those of the
     groups that did not finish.
@@ -582,17 +586,17 @@ def train_groups(chunks, device, precision="bf16", progress=None, stop=None, com
     for run in runs:
         os.makedirs(os.path.dirname(os.path.abspath(run.log_path)), exist_ok=True)
     streams = device.type == "cuda" and len(chunks) > 1
-    members, turn = [], []  # turn: take_turn's lock, once given
+    members, turn, warming = [], [], []  # take_turn's lock, once given; take_warm_up's, while held
     try:
         for chunk, report in zip(chunks, progress or [None] * len(chunks), strict=True):
             members.append(GroupTraining(chunk, device, precision, compile, cuda_graphs, report, streams))
-        facts = _train_groups(members, stop or (lambda: False), take_turn, turn)
+        facts = _train_groups(members, stop or (lambda: False), take_turn, turn, take_warm_up, warming)
     except BaseException:
         for member in members:
             member.discard_logs()
         raise
     finally:
-        for lock in turn:
+        for lock in turn + warming:
             lock.close()
     for member in members:
         if not member.finished:
@@ -600,12 +604,20 @@ def train_groups(chunks, device, precision="bf16", progress=None, stop=None, com
     return facts
 
 
-def _train_groups(members, stop, take_turn, turn):
+def _train_groups(members, stop, take_turn, turn, take_warm_up, warming):
+    if take_warm_up is not None:
+        warming += [lock for lock in [take_warm_up()] if lock]
     seconds_before = max(member.seconds_before for member in members)
     started = time.perf_counter() - seconds_before
     warm_rounds = max(member.per_epoch for member in members)  # from here on, the groups train in their turn
     rounds = 0
+    if take_warm_up is not None and not warming:  # stopped while waiting to warm up
+        for member in members:
+            member.suspend(seconds_before)
+        return None
     while any(not member.finished for member in members):
+        if warming and rounds >= warm_rounds:  # compiled: the next process of this shape may warm up
+            warming.pop().close()
         due = take_turn is not None and not turn and rounds >= warm_rounds
         if due:
             waiting_since = time.perf_counter()
@@ -778,6 +790,21 @@ def take_gpu(lock_path, stop, label):
     """Wait until this process holds `lock_path` (an exclusive flock, one file per set of visible GPUs), checking
     `stop()` meanwhile; returns the open lock file (closing it lets the next process in), or None when stopped."""
     path = f"{lock_path}.{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}"
+    return take_lock(path, stop, f"{label}: waiting for the GPU")
+
+
+def take_warm_up(lock_path, chunks, stop, label):
+    """`take_lock` of `lock_path` for the model shapes of `chunks` (one file per set of shapes, for the machine's
+    inductor cache): the turn to warm up (compile) among the processes of those shapes."""
+    shape = "+".join(f"{len(c)}x{c[0].cfg.model.encoder_layers}x{c[0].cfg.model.encoder_embed_dim}x"
+                     f"{c[0].cfg.model.encoder_ffn_embed_dim}x{c[0].cfg.model.encoder_attention_heads}" for c in chunks)
+    return take_lock(f"{lock_path}.{shape}", stop, f"{label}: waiting to warm up after the other group of its shape")
+
+
+def take_lock(path, stop, waiting_line):
+    """Wait until this process holds `path` (an exclusive flock), checking `stop()` meanwhile and printing
+    `waiting_line` once if it has to wait; returns the open lock file (closing it lets the next process in), or None
+    when stopped."""
     lock, waiting = open(path, "a"), False
     while True:
         try:
@@ -786,7 +813,7 @@ def take_gpu(lock_path, stop, label):
         except BlockingIOError:
             pass
         if not waiting:
-            print(f"{label}: waiting for the GPU ({path})", file=sys.stderr, flush=True)
+            print(f"{waiting_line} ({path})", file=sys.stderr, flush=True)
             waiting = True
         if stop():
             lock.close()
@@ -795,13 +822,14 @@ def take_gpu(lock_path, stop, label):
 
 
 def train_packed(commands, max_group=40, precision="bf16", device=None, stop=None, compile=False, cuda_graphs=False,
-                 gpu_lock=None, lockstep=False):
+                 gpu_lock=None, lockstep=False, warm_up_lock=None):
     """Parse every command, group them, train each group; returns a summary per group, None for a group that
     `stop()` suspended (the groups after it do not start). With `lockstep` all groups train at once
     (`train_groups`), else one after another. With `gpu_lock` (a path), groups train past their first epoch only
     while this process holds that lock (`take_gpu`): processes whose groups keep the GPU busy (CUDA graphs) take
     turns, and the next one builds its runs and warms up (`train_groups`' take_turn) while the GPU is still busy
-    with the last."""
+    with the last. With `warm_up_lock` (a path), the processes of one model shape warm up one at a time
+    (`take_warm_up`)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     check_cuda_graphs(cuda_graphs, device)  # before the runs are built
     stop = stop or (lambda: False)
@@ -825,7 +853,9 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
                              progress=[lambda text, label=labels[i]: print(f"{label} {text}", file=sys.stderr,
                                                                            flush=True) for i in team],
                              stop=stop, compile=compile, cuda_graphs=cuda_graphs,
-                             take_turn=(lambda: take_gpu(gpu_lock, stop, label)) if gpu_lock else None)
+                             take_turn=(lambda: take_gpu(gpu_lock, stop, label)) if gpu_lock else None,
+                             take_warm_up=(lambda: take_warm_up(warm_up_lock, [chunks[i] for i in team], stop, label))
+                             if warm_up_lock else None)
         for i in team:
             for run in chunks[i]:  # the next groups' models take the memory
                 run.task = run.model = run.criterion = None
@@ -902,7 +932,8 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     larger models start first; with several GPUs each process runs on one of them, the least loaded.
     `compile` (default: on a GPU) compiles the stacked layers and the optimizer step; `cuda_graphs` (default: on a
     GPU) replays each batch shape's whole update as a CUDA graph, and the processes then train one at a time per GPU
-    (`take_gpu`) while the others build their runs and train their first epoch (compiling). With `lockstep` a
+    (`take_gpu`) while the others build their runs and train their first epoch (compiling; compiled, one process of
+    a model shape at a time, `take_warm_up`). With `lockstep` a
     group that fills the GPU shares its process with small ones, in lockstep (`lockstep_teams`, `train_groups`): its
     rounds are faster, but such a process compiles its groups one after another, and is larger, so fewer of them
     warm up beside the one training (docs/benchmarks.md, twentieth session). Without graphs, groups train side by
@@ -919,19 +950,23 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     cuda_graphs = torch.cuda.is_available() if cuda_graphs is None else cuda_graphs
     # with CUDA graphs a group keeps a GPU busy by itself (side by side, three groups made 0.91 of what they make
     # taking turns, docs/benchmarks.md): the groups train one at a time per GPU, under one lock
-    turns = ["--gpu-lock", os.path.join(os.path.abspath(workdir), "gpu.lock")] if cuda_graphs else []
+    locks = ["--gpu-lock", os.path.join(os.path.abspath(workdir), "gpu.lock")] if cuda_graphs else []
+    # compiled, the processes of one model shape warm up one after another: the later ones find the layers in
+    # inductor's cache (docs/benchmarks.md, twenty-first session)
+    locks += ["--warm-up-lock", os.path.join(os.path.abspath(workdir), "warm-up.lock")] if compile else []
     chunks = grouped([parse_run(command) for command in commands], max_group, capacity and 0.6 * capacity)
     # the longest groups (larger models, more runs) first, so none is left to run alone at the end
     chunks.sort(key=lambda chunk: (-chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
     teams = lockstep_teams(chunks) if lockstep else [[chunk] for chunk in chunks]
     processes, summaries = [], []
     for index, team in enumerate(teams):
-        listing, summary = os.path.join(workdir, f"commands.{index}.txt"), os.path.join(workdir, f"summary.{index}.json")
+        listing = os.path.join(workdir, f"commands.{index}.txt")
+        summary = os.path.join(workdir, f"summary.{index}.json")
         with open(listing, "w") as f:
             f.writelines(shlex.join(run.argv) + "\n" for chunk in team for run in chunk)
         processes.append([sys.executable, "-m", "fairseq_xmlm.packed_training", listing, "--max-group", str(max_group),
                           "--precision", precision, "--summary", summary] + (["--compile"] if compile else [])
-                         + (["--cuda-graphs"] if cuda_graphs else []) + turns
+                         + (["--cuda-graphs"] if cuda_graphs else []) + locks
                          + (["--lockstep"] if len(team) > 1 else []))
         summaries.append(summary)
     slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
@@ -961,6 +996,8 @@ def main(argv=None):
                         help="replay each batch shape's whole update as a CUDA graph (GPU only)")
     parser.add_argument("--gpu-lock", help="train a group past its first epoch only while holding this lock file "
                         "(flock): processes take turns on the GPU")
+    parser.add_argument("--warm-up-lock", help="train a group's first epoch (compiling) only while holding this lock "
+                        "file, one per model shape: processes of one shape compile one after another")
     parser.add_argument("--lockstep", action="store_true",
                         help="train all groups at once, one update of each a round (each on a CUDA stream of its own)")
     parser.add_argument("--time-limit", type=float, default=0,
@@ -976,7 +1013,8 @@ def main(argv=None):
     try:
         summary = train_packed(read_commands(args.commands), args.max_group, args.precision, stop=lambda: bool(
             signalled or (args.time_limit and time.perf_counter() - started > args.time_limit)), compile=args.compile,
-            cuda_graphs=args.cuda_graphs, gpu_lock=args.gpu_lock, lockstep=args.lockstep)
+            cuda_graphs=args.cuda_graphs, gpu_lock=args.gpu_lock, lockstep=args.lockstep,
+            warm_up_lock=args.warm_up_lock)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -1,5 +1,6 @@
 """examples/dufter/run.py: the commands it plans, fairseq-train's or --gpu-pack's, and its bad-input errors."""
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -32,6 +33,49 @@ def test_gpu_pack_plans_packed_training(fake_english_data, tmp_path, capsys):
     assert sum("eval_mult" in c for c in packed) == 4 == sum("eval_mult" in c for c in per_run)
     # the fairseq-train commands of the per-run mode are the packed ones without the log file
     assert [c for c in per_run if "fairseq_cli.train" in c] == [c.split(" --log-file")[0] for c in train]
+
+
+def test_gpu_pack_makes_untrained_runs_beside_the_training_and_stops_them_when_it_fails(fake_english_data, tmp_path,
+                                                                                         monkeypatch):
+    """The untrained checkpoints (and evaluations) no longer wait for the training to start: both stages run at
+    once; when the training fails, the other stage is stopped and the training's error is the one raised."""
+    import threading
+    import time
+
+    from fairseq_xmlm import gpu_pack, packed_training
+    from fairseq_xmlm.errors import XmlmError
+
+    both_running = threading.Barrier(2, timeout=30)  # broken (an error) unless both stages run at the same time
+    seen = {}
+
+    def side_stage(commands, slots, log_dir, devices=None, then=None, stop=None):
+        seen["side"] = (len(commands), slots)
+        both_running.wait()
+        while seen.get("fail") and not stop():  # a failing training stops this stage
+            time.sleep(0.01)
+        if stop():
+            raise XmlmError("stopped")
+        return [0.0] * len(commands)
+
+    def training(commands, workdir, max_group, **options):
+        seen["training"] = len(commands)
+        both_running.wait()
+        if seen.get("fail"):
+            raise XmlmError("a group failed")
+
+    monkeypatch.setattr(gpu_pack, "run_packed", side_stage)
+    monkeypatch.setattr(packed_training, "train_side_by_side", training)
+    module = recipe()
+    pending = [(run_id, seed) for run_id in ("0", "18") for seed in (0, 42)]
+    module.run_all_packed(pending, fake_english_data, tmp_path / "runs", tmp_path, module.PRESETS["full"],
+                          tmp_path / "knn_table.pt", slots=8, max_group=40, dry_run=False)
+    assert seen == {"side": (2, 2), "training": 2}  # 2 untrained runs in a quarter of the slots, 2 trained runs
+    timing = json.loads((tmp_path / "packed_timing.json").read_text())[-1]
+    assert timing["total_s"] >= max(timing["untrained_and_ready_s"], timing["training_and_evaluation_s"])
+    seen["fail"], both_running = True, threading.Barrier(2, timeout=30)
+    with pytest.raises(XmlmError, match="a group failed"):
+        module.run_all_packed(pending, fake_english_data, tmp_path / "runs", tmp_path, module.PRESETS["full"],
+                              tmp_path / "knn_table.pt", slots=8, max_group=40, dry_run=False)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")

@@ -301,6 +301,21 @@ def test_run_packed_passes_sigterm_on_and_stops(tmp_path):
     assert not (tmp_path / "2.log").exists()
 
 
+def test_run_packed_stops_when_asked_as_on_sigterm(tmp_path):
+    """stop() (from another thread, where SIGTERM cannot be caught) ends the packer as SIGTERM does."""
+    script = ("import signal,sys,time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: (print('saved state', flush=True), sys.exit(75)))\n"
+              "print('started', flush=True); time.sleep(30)")
+    logs = [tmp_path / f"{i}.log" for i in (0, 1)]
+
+    def both_started():
+        return all(log.exists() and "started" in log.read_text() for log in logs)
+
+    with pytest.raises(XmlmError, match="^stopped: 2 runs were running, 1 had not started"):
+        run_packed([[sys.executable, "-c", script]] * 3, slots=2, log_dir=tmp_path, poll_s=0.02, stop=both_started)
+    assert [log.read_text().split("\n")[:2] for log in logs] == [["started", "saved state"]] * 2
+
+
 EPOCHS_SCRIPT = """
 import hashlib, json, sys
 from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask

@@ -1,6 +1,7 @@
 """Packed training (many Fake-English runs as one stacked model) against fairseq's own Trainer, on real batches."""
 import copy
 import json
+import os
 
 import numpy as np
 import pytest
@@ -359,6 +360,57 @@ def test_group_warms_up_before_its_turn_and_resumes_if_stopped_waiting(fake_engl
                         for folder in ("whole", "split"))
         for (key, value), other in zip(whole.state_dict().items(), split.state_dict().values()):
             assert torch.equal(value, other), key
+
+
+def test_group_warms_up_in_its_turn_and_lets_the_next_one_in_after_its_first_epoch(fake_english_data, tmp_path):
+    """With take_warm_up the first epoch waits for that lock, which goes when the epoch ends, before the GPU turn is
+    asked for. Stopped while waiting for it, the group suspends before its first update and later ends as usual."""
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, 1, "--max-update", "7")).build()
+            for name in "ab"]
+    for run in runs:
+        run.updates_per_epoch = 3
+    cpu, events = torch.device("cpu"), []
+
+    def epochs_logged():  # the log is renamed from .partial once the run has ended
+        partial = str(runs[0].log_path) + ".partial"
+        return len(read_fairseq_log(partial if os.path.exists(partial) else runs[0].log_path, "train"))
+
+    class Lock:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            events.append((self.name, "closed", epochs_logged()))
+
+    def take(name):
+        def taken():
+            events.append((name, "taken", epochs_logged()))
+            return Lock(name)
+        return taken
+
+    assert packed_training.train_group(runs, cpu, "fp32", take_warm_up=lambda: None) is None
+    assert (tmp_path / "a" / "checkpoints" / "packed_resume.pt").exists() and epochs_logged() == 0
+    facts = packed_training.train_group(runs, cpu, "fp32", take_turn=take("gpu"), take_warm_up=take("warm-up"))
+    assert facts["updates"] == 7
+    assert events[:3] == [("warm-up", "taken", 0), ("warm-up", "closed", 1), ("gpu", "taken", 1)]
+    assert events[3] == ("gpu", "closed", 3)
+
+
+def test_warm_up_lock_is_one_per_model_shape(fake_english_data, tmp_path, capsys):
+    import fcntl
+
+    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, 1, *flags))
+            for name, flags in (("a", ()), ("b", ("--encoder-embed-dim", "64")))]
+    held = open(tmp_path / "warm.lock.1x2x32x64x2", "a")
+    fcntl.flock(held, fcntl.LOCK_EX)  # another process of runs[0]'s shape is warming up
+    calls = []
+    assert packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: calls.append(1) or True,
+                                        "g") is None
+    assert "g: waiting to warm up after the other group of its shape" in capsys.readouterr().err
+    lock = packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[1:]], lambda: True, "g")
+    assert lock is not None and (tmp_path / "warm.lock.1x2x64x64x2").exists()  # another shape: no wait
+    lock.close()
+    held.close()
 
 
 def test_cli_time_limit_suspends_and_a_rerun_finishes(fake_english_data, tmp_path, capsys):

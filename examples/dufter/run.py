@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -192,11 +193,11 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args
 
 def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run, compile=None,
                    lockstep=False):
-    """--gpu-pack: the runs trained before but not evaluated are evaluated, the untrained checkpoints are made, and
-    every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group or, with
-    `lockstep`, per team of groups), all side by side and spread over the GPUs when there are several. Each run is
-    evaluated as soon as its checkpoint exists, so a sweep stopped midway keeps every result it finished. Prints and
-    saves the stage times."""
+    """--gpu-pack: every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group
+    or, with `lockstep`, per team of groups), all side by side and spread over the GPUs when there are several;
+    beside them, in a quarter of the slots, the untrained checkpoints are made and the runs trained before but not
+    evaluated are evaluated. Each run is evaluated as soon as its checkpoint exists, so a sweep stopped midway keeps
+    every result it finished. Prints and saves the stage times."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     results.mkdir(parents=True, exist_ok=True)
@@ -220,17 +221,36 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
             log("+ " + " ".join(command))
             log("+ " + " ".join(then[tuple(command)][0]))
         return
-    started = time.perf_counter()
-    if ready or untrained:
-        run_packed(ready + [pair[0] for pair in untrained], slots, results / "logs" / "untrained_and_ready",
-                   devices=several_gpus(), then=[[]] * len(ready) + [pair[1] for pair in untrained])
-    stages["untrained_and_ready_s"] = time.perf_counter() - started
-    if commands:
-        from fairseq_xmlm.packed_training import train_side_by_side
+    started, side_failed, training_failed = time.perf_counter(), [], threading.Event()
 
-        train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then, compile=compile,
-                           lockstep=lockstep)
-    stages["training_and_evaluation_s"] = time.perf_counter() - started - stages["untrained_and_ready_s"]
+    def untrained_and_ready():
+        # beside the training processes, whose first minutes are compiling on the CPU: before them, these held up
+        # the 5-seed sweep's training for 140 s on an H200 (docs/benchmarks.md, twenty-first session)
+        try:
+            run_packed(ready + [pair[0] for pair in untrained], max(1, slots // 4) if commands else slots,
+                       results / "logs" / "untrained_and_ready", devices=several_gpus(),
+                       then=[[]] * len(ready) + [pair[1] for pair in untrained], stop=training_failed.is_set)
+        except XmlmError as error:
+            side_failed.append(error)
+        stages["untrained_and_ready_s"] = time.perf_counter() - started
+
+    side = threading.Thread(target=untrained_and_ready, name="untrained_and_ready")
+    side.start()
+    try:
+        if commands:
+            from fairseq_xmlm.packed_training import train_side_by_side
+
+            train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then, compile=compile,
+                               lockstep=lockstep)
+        stages["training_and_evaluation_s"] = time.perf_counter() - started
+    except BaseException:
+        training_failed.set()  # its untrained runs and evaluations stop too
+        raise
+    finally:
+        side.join()
+    if side_failed:
+        raise side_failed[0]
+    stages["total_s"] = time.perf_counter() - started  # the two stages ran side by side, from the start
     stages.update(runs=len(pending), trained_runs=len(commands), device=_device_name(),
                   date=time.strftime("%Y-%m-%d %H:%M"))
     timing = results / "packed_timing.json"  # one record per invocation: a table may take several
