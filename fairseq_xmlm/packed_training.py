@@ -794,11 +794,14 @@ def take_gpu(lock_path, stop, label):
 
 
 def take_warm_up(lock_path, chunks, stop, label):
-    """`take_lock` of `lock_path` for the model shapes of `chunks` (one file per set of shapes, for the machine's
-    inductor cache): the turn to warm up (compile) among the processes of those shapes."""
+    """`take_lock` of `lock_path` for the model shapes of `chunks` and the visible GPUs (one file per set of shapes
+    and of GPUs): the turn to warm up (compile) among the processes of those shapes on those GPUs. Per GPU, so that
+    on several GPUs the first group of each still warms up at once."""
     shape = "+".join(f"{len(c)}x{c[0].cfg.model.encoder_layers}x{c[0].cfg.model.encoder_embed_dim}x"
                      f"{c[0].cfg.model.encoder_ffn_embed_dim}x{c[0].cfg.model.encoder_attention_heads}" for c in chunks)
-    return take_lock(f"{lock_path}.{shape}", stop, f"{label}: waiting to warm up after the other group of its shape")
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_")
+    return take_lock(f"{lock_path}.{gpus}.{shape}", stop,
+                     f"{label}: waiting to warm up after the other group of its shape")
 
 
 def take_lock(path, stop, waiting_line):
@@ -997,7 +1000,7 @@ def main(argv=None):
     parser.add_argument("--gpu-lock", help="train a group past its first epoch only while holding this lock file "
                         "(flock): processes take turns on the GPU")
     parser.add_argument("--warm-up-lock", help="train a group's first epoch (compiling) only while holding this lock "
-                        "file, one per model shape: processes of one shape compile one after another")
+                        "file, one per model shape and GPU: processes of one shape compile one after another")
     parser.add_argument("--lockstep", action="store_true",
                         help="train all groups at once, one update of each a round (each on a CUDA stream of its own)")
     parser.add_argument("--time-limit", type=float, default=0,

@@ -396,19 +396,24 @@ def test_group_warms_up_in_its_turn_and_lets_the_next_one_in_after_its_first_epo
     assert events[3] == ("gpu", "closed", 3)
 
 
-def test_warm_up_lock_is_one_per_model_shape(fake_english_data, tmp_path, capsys):
+def test_warm_up_lock_is_one_per_model_shape_and_gpu(fake_english_data, tmp_path, monkeypatch, capsys):
     import fcntl
 
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, 1, *flags))
             for name, flags in (("a", ()), ("b", ("--encoder-embed-dim", "64")))]
-    held = open(tmp_path / "warm.lock.1x2x32x64x2", "a")
+    held = open(tmp_path / "warm.lock.1.1x2x32x64x2", "a")
     fcntl.flock(held, fcntl.LOCK_EX)  # another process of runs[0]'s shape is warming up
     calls = []
     assert packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: calls.append(1) or True,
                                         "g") is None
     assert "g: waiting to warm up after the other group of its shape" in capsys.readouterr().err
     lock = packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[1:]], lambda: True, "g")
-    assert lock is not None and (tmp_path / "warm.lock.1x2x64x64x2").exists()  # another shape: no wait
+    assert lock is not None and (tmp_path / "warm.lock.1.1x2x64x64x2").exists()  # another shape: no wait
+    lock.close()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    lock = packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: True, "g")
+    assert lock is not None  # the same shape on another GPU: no wait either
     lock.close()
     held.close()
 
