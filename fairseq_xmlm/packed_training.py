@@ -611,10 +611,7 @@ def _train_groups(members, stop, take_turn, turn, take_warm_up, warming):
     started = time.perf_counter() - seconds_before
     warm_rounds = max(member.per_epoch for member in members)  # from here on, the groups train in their turn
     rounds = 0
-    if take_warm_up is not None and not warming:  # stopped while waiting to warm up
-        for member in members:
-            member.suspend(seconds_before)
-        return None
+    refused = take_warm_up is not None and not warming  # stopped while waiting to warm up
     while any(not member.finished for member in members):
         if warming and rounds >= warm_rounds:  # compiled: the next process of this shape may warm up
             warming.pop().close()
@@ -623,7 +620,7 @@ def _train_groups(members, stop, take_turn, turn, take_warm_up, warming):
             waiting_since = time.perf_counter()
             turn += [lock for lock in [take_turn()] if lock]
             started += time.perf_counter() - waiting_since  # waiting is not training time
-        if stop() or (due and not turn):  # stopped, maybe while waiting for the turn
+        if stop() or refused or (due and not turn):  # stopped, maybe while waiting to warm up or for the turn
             for member in members:
                 member.suspend(time.perf_counter() - started)
             return None
@@ -789,8 +786,7 @@ def grouped(runs, max_group, max_bytes=None):
 def take_gpu(lock_path, stop, label):
     """Wait until this process holds `lock_path` (an exclusive flock, one file per set of visible GPUs), checking
     `stop()` meanwhile; returns the open lock file (closing it lets the next process in), or None when stopped."""
-    path = f"{lock_path}.{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}"
-    return take_lock(path, stop, f"{label}: waiting for the GPU")
+    return take_lock(f"{lock_path}.{visible_gpus()}", stop, f"{label}: waiting for the GPU")
 
 
 def take_warm_up(lock_path, chunks, stop, label):
@@ -799,9 +795,13 @@ def take_warm_up(lock_path, chunks, stop, label):
     on several GPUs the first group of each still warms up at once."""
     shape = "+".join(f"{len(c)}x{c[0].cfg.model.encoder_layers}x{c[0].cfg.model.encoder_embed_dim}x"
                      f"{c[0].cfg.model.encoder_ffn_embed_dim}x{c[0].cfg.model.encoder_attention_heads}" for c in chunks)
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_")
-    return take_lock(f"{lock_path}.{gpus}.{shape}", stop,
+    return take_lock(f"{lock_path}.{visible_gpus()}.{shape}", stop,
                      f"{label}: waiting to warm up after the other group of its shape")
+
+
+def visible_gpus():
+    """The visible GPUs as part of a file name: "0_1" for CUDA_VISIBLE_DEVICES=0,1, "all" when it is not set."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_")
 
 
 def take_lock(path, stop, waiting_line):
@@ -936,12 +936,12 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     `compile` (default: on a GPU) compiles the stacked layers and the optimizer step; `cuda_graphs` (default: on a
     GPU) replays each batch shape's whole update as a CUDA graph, and the processes then train one at a time per GPU
     (`take_gpu`) while the others build their runs and train their first epoch (compiling; compiled, one process of
-    a model shape at a time, `take_warm_up`). With `lockstep` a
-    group that fills the GPU shares its process with small ones, in lockstep (`lockstep_teams`, `train_groups`): its
-    rounds are faster, but such a process compiles its groups one after another, and is larger, so fewer of them
-    warm up beside the one training (docs/benchmarks.md, twentieth session). Without graphs, groups train side by
-    side, so one group's Python overlaps the others' kernels, and a group that fills a GPU (`fills_gpu`) never
-    shares one with another such group.
+    a model shape at a time, `take_warm_up`). With `lockstep` a group that fills the GPU shares its process with
+    small ones, in lockstep (`lockstep_teams`, `train_groups`): its rounds are faster, but such a process compiles
+    its groups one after another, and is larger, so fewer of them warm up beside the one training
+    (docs/benchmarks.md, twentieth session). Without graphs, groups train side by side, so one group's Python
+    overlaps the others' kernels, and a group that fills a GPU (`fills_gpu`) never shares one with another such
+    group.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
     so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt, summary.<i>.json and
     logs/<i>.log; returns the wall time and the per-process summaries."""
