@@ -15,9 +15,11 @@ by kernel, against the profiled wall (the rest is the GPU waiting on the host).
 Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the profiler's
 operator table by host time (.txt), every kernel's ms and launches per step (_kernels.tsv) and, with --trace, the
 profiled steps' timeline (.trace.json.gz, chrome://tracing or Perfetto). With --plugin DIR the runs use another
-fairseq_xmlm tree (an earlier commit, to compare in the same call). Not a test.
+fairseq_xmlm tree (an earlier commit, to compare in the same call); --inductor KEY=VALUE sets inductor's options
+(max_autotune=True: matrix-product templates with fused epilogues). Not a test.
 """
 import argparse
+import ast
 import gzip
 import json
 import sys
@@ -130,8 +132,18 @@ def main():
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps' timeline (.trace.json.gz)")
     parser.add_argument("--no-dropout", action="store_true",
                         help="train without dropout (hidden, attention, activation): what dropout costs a step")
+    parser.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                        help="set torch._inductor.config.KEY (a Python literal, else a string) before anything "
+                             "compiles, e.g. max_autotune=True; repeatable")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    for setting in args.inductor:
+        key, _, value = setting.partition("=")
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass  # a string setting
+        setattr(torch._inductor.config, key, value)
     if args.plugin:
         sys.path.insert(0, str(Path(args.plugin).resolve().parent))
     sys.path.insert(1, str(HERE))
@@ -170,7 +182,7 @@ def main():
             with attention:
                 result, profiler = profile_group(group, schedules, args, device)
             result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
-                      "dropout": not args.no_dropout,
+                      "dropout": not args.no_dropout, "inductor": args.inductor,
                       "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
                       **result, "cuda_graphs": len(group.graphs) if group.graphs is not None else None,
                       "capture_s": round(group.capture_seconds, 1),
