@@ -74,7 +74,7 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
         # three products, as the model's SelfAttention does: backward hands each its attention gradient as it is,
         # where one product split afterwards first gathers the three into one (B*T, 3D) gradient (1.2 of 36 kernel
         # ms of a 3-run BERT-base step on an H200, docs/benchmarks.md). The bias goes into the product (`_linear`):
-        # attention comes next, so an add after it is a pass of its own over q, k and v (1.024x the step without it)
+        # attention comes next, so an add after it is a pass of its own over q, k and v (without it, 1.024x the steps)
         q, k, v = (_linear(h, weight, bias).view(-1, span, heads, d // heads).transpose(1, 2)
                    for weight, bias in zip(w["attention.qkv.weight"].chunk(3, dim=1),
                                            w["attention.qkv.bias"].chunk(3, dim=1)))
