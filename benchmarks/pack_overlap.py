@@ -3,13 +3,13 @@
     python3 benchmarks/pack_overlap.py --groups 15,16,17 0,1,2,3,4,5,6,7,8,9,30 21,21b:5 --seconds 20 \
         --out OUT/overlap [--mps] [--cuda-graphs]
 
-Each group is a list of run IDs of `examples/dufter/run.py full` (":S" stacks the first S seeds, default 1), built,
-compiled and warmed up in a process of its own, as `--gpu-pack` runs its groups (`packed_training.PackedGroup`,
-compiled, bf16, real batches of epoch 1 in fairseq's order; with --cuda-graphs each batch shape's update replayed
-as a CUDA graph, as `--gpu-pack` does). Then the parent has the groups train for --seconds:
-each alone, then all at the same time. It prints every group's run-updates/s in both phases and their ratio, and
-the sum of the ratios: 1 means that the groups merely took turns on the GPU, more means that one group's work
-filled another's gaps (a host-bound group's idle GPU, a small group's idle SMs).
+Each group is a list of run IDs of `examples/dufter/run.py full` (":S" stacks S seeds, default 1; "@F" from the
+recipe's F-th seed, default 0), built, compiled and warmed up in a process of its own, as `--gpu-pack` runs its
+groups (`packed_training.PackedGroup`, compiled, bf16, real batches of epoch 1 in fairseq's order; with --cuda-graphs
+each batch shape's update replayed as a CUDA graph, as `--gpu-pack` does). Then the parent has the groups train
+for --seconds: each alone, then all at the same time. It prints every group's run-updates/s in both phases and
+their ratio, and the sum of the ratios: 1 means that the groups merely took turns on the GPU, more means that one
+group's work filled another's gaps (a host-bound group's idle GPU, a small group's idle SMs).
 
 With --mps the groups' processes are clients of a CUDA MPS server that this script starts (with its own pipe and log
 folders under --out, so no other process on the machine connects to it) and stops: their kernels can then run at the
@@ -29,15 +29,18 @@ HERE = Path(__file__).resolve().parent
 
 
 def build_group(spec, args, cuda_graphs):
-    """A group "IDS[:SEEDS]" of the recipe's runs -> (the PackedGroup as `--gpu-pack` builds it, compiled on a GPU;
-    its runs' batches of epoch 1). Runs are saved under args.out/runs; args.data and args.knn_table as the recipe's."""
+    """A group "IDS[:SEEDS][@FIRST]" of the recipe's runs (SEEDS of its seeds from the FIRST-th, default 1 and 0) ->
+    (the PackedGroup as `--gpu-pack` builds it, compiled on a GPU; its runs' batches of epoch 1). Runs are saved
+    under args.out/runs/GROUP; args.data and args.knn_table as the recipe's."""
     sys.path.insert(0, str(HERE))
     import pack_speed
     from fairseq_xmlm import packed_training
 
-    ids, _, seeds = spec.partition(":")
-    commands = pack_speed.recipe_commands(ids.split(","), int(seeds or 1), Path(args.data), Path(args.out) / "runs",
-                                          10 ** 6, args.knn_table)
+    spec_seeds, _, first = spec.partition("@")
+    ids, _, seeds = spec_seeds.partition(":")
+    commands = pack_speed.recipe_commands(ids.split(","), int(seeds or 1), Path(args.data),
+                                          Path(args.out) / "runs" / spec.replace(",", "-"), 10 ** 6, args.knn_table,
+                                          first_seed=int(first or 0))
     runs = [packed_training.parse_run(c).build() for c in commands]
     schedules = [packed_training.epoch_batches(run, 1) for run in runs]
     cuda = torch.cuda.is_available()  # the CPU only to try a script out: eager, and slow

@@ -23,13 +23,14 @@ def dufter_recipe():
     return recipe
 
 
-def recipe_commands(ids, seeds, data, out, updates, knn_table):
-    """`examples/dufter/run.py full`'s fairseq-train commands of these run IDs and the first `seeds` seeds, capped at
-    `updates` updates, without the multilinguality hook (the timing is of training), logs and checkpoints in out."""
+def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0):
+    """`examples/dufter/run.py full`'s fairseq-train commands of these run IDs and `seeds` seeds from the recipe's
+    `first_seed`-th, capped at `updates` updates, without the multilinguality hook (the timing is of training), logs
+    and checkpoints in out."""
     recipe = dufter_recipe()
     commands = []
     for run_id in ids:
-        for seed in recipe.SEEDS[:seeds]:
+        for seed in recipe.SEEDS[first_seed:first_seed + seeds]:
             run_dir = out / run_id / f"seed{seed}"
             command = recipe.train_command(run_id, seed, data, run_dir / "checkpoints", recipe.PRESETS["full"],
                                            knn_table)

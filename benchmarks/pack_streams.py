@@ -2,14 +2,16 @@
 
     python3 benchmarks/pack_streams.py --groups 15,16,17 0,1,2,3,4,5,6,7,8,9,30 --seconds 15 --out OUT/streams
 
-Each group is a list of run IDs of `examples/dufter/run.py full` (":S" stacks the first S seeds, default 1), built
-as `--gpu-pack` builds it (`packed_training.PackedGroup`, compiled, bf16, CUDA graphs, real batches of epoch 1 in
-fairseq's order) on a stream of its own, and warmed up (every batch shape captured). Then, for --seconds each:
+Each group is a list of run IDs of `examples/dufter/run.py full` (":S" stacks S seeds, default 1; "@F" from the
+recipe's F-th seed, default 0), built as `--gpu-pack` builds it (`packed_training.PackedGroup`, compiled, bf16,
+CUDA graphs, real batches of epoch 1 in fairseq's order) on a stream of its own, and warmed up (every batch shape
+captured). Then, for --seconds each:
 - alone: each group by itself;
 - lockstep: rounds of one update of every group, each on its stream (what a process training several groups of
   the same length at once would do); a round's time against the sum of the groups' alone step times says what the
-  overlap gains; with more than two groups, also the first group with each other one; the same rounds with every
-  group on the default stream (their updates one after another) are the control;
+  overlap gains; with more than two groups, also the first group with each other one, or the --subsets given
+  (indices into --groups); the same rounds with every group on the default stream (their updates one after another)
+  are the control;
 - free: every group as fast as it can go, none waiting for another; the sum of together/alone ratios says the same
   as `pack_overlap.py`'s (1 = the groups merely took turns).
 Each group keeps at most two updates queued on its stream, and captures its graphs on it (`PackedGroup._capture`:
@@ -73,8 +75,18 @@ def main():
     parser.add_argument("--knn-table", default=str(HERE.parent / "results" / "dufter" / "knn_table.pt"))
     parser.add_argument("--warmup", type=int, default=80, help="updates per group before timing (an epoch is 69)")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each timed phase")
+    parser.add_argument("--subsets", nargs="*", default=None,
+                        help="lockstep also these subsets of the groups, each as comma-separated indices into --groups "
+                        "(default: the first group with each other one)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    count = len(args.groups)
+    if args.subsets is not None:
+        chosen = [[int(i) for i in subset.split(",")] for subset in args.subsets]
+        if any(not 0 <= i < count for subset in chosen for i in subset):
+            raise SystemExit(f"pack_streams: --subsets indices must lie in 0..{count - 1}")
+    else:
+        chosen = [[0, i] for i in range(1, count)] if count > 2 else []
     if not torch.cuda.is_available():
         raise SystemExit("pack_streams: needs a GPU")
     sys.path.insert(0, str(HERE))
@@ -94,7 +106,8 @@ def main():
             lane.launch()
         torch.cuda.synchronize()
         print(f"[pack_streams] group {spec}: {lane.runs} runs, built and warmed up in "
-              f"{time.perf_counter() - started:.1f} s", flush=True)
+              f"{time.perf_counter() - started:.1f} s; peak GPU memory so far "
+              f"{torch.cuda.max_memory_allocated() / 1e9:.1f} GB", flush=True)
         lanes.append(lane)
     result = {"device": torch.cuda.get_device_name(), "argv": sys.argv[1:], "groups": args.groups}
     alone_ms = []
@@ -104,7 +117,7 @@ def main():
         print(f"[pack_streams] {spec} alone: {alone_ms[-1]:.2f} ms/update, "
               f"{count * lane.runs / wall:.1f} run-updates/s", flush=True)
     result["alone_ms_per_update"] = alone_ms
-    subsets = [list(range(len(lanes)))] + ([[0, i] for i in range(1, len(lanes))] if len(lanes) > 2 else [])
+    subsets = [list(range(len(lanes)))] + chosen
     result["lockstep"] = []
     own_streams = [lane.stream for lane in lanes]
     for members in subsets:

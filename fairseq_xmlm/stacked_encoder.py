@@ -51,6 +51,25 @@ def _product(x, weight, bias):
     return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
 
 
+# Bias columns of `_with_ones` / `_with_bias`: one of ones, then zeros, so the inner size stays a multiple of 64
+BIAS_COLUMNS = 64
+
+
+def _with_ones(x):
+    """x (N, R, I) -> (N, R, I + BIAS_COLUMNS): x, a column of ones, zeros."""
+    n, r, _ = x.shape
+    return torch.cat([x, x.new_ones(n, r, 1), x.new_zeros(n, r, BIAS_COLUMNS - 1)], dim=-1)
+
+
+def _with_bias(weight, bias):
+    """weight (N, O, I), bias (N, O) -> (N, O, I + BIAS_COLUMNS): the bias as column I, so that
+    `_with_ones(x) @ _with_bias(weight, bias)^T` is x @ weight^T + bias. The bias is then part of the product both
+    ways: no pass adds it, and its gradient is a column of the weight's gradient product instead of a sum over the
+    rows of its own."""
+    n, o, _ = weight.shape
+    return torch.cat([weight, bias.unsqueeze(-1), weight.new_zeros(n, o, BIAS_COLUMNS - 1)], dim=-1)
+
+
 def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_dropout, activation_dropout,
                   rows=None):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
@@ -73,11 +92,14 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
     if heads > 1:
         # three products, as the model's SelfAttention does: backward hands each its attention gradient as it is,
         # where one product split afterwards first gathers the three into one (B*T, 3D) gradient (1.2 of 36 kernel
-        # ms of a 3-run BERT-base step on an H200, docs/benchmarks.md). The bias goes into the product (`_linear`):
-        # attention comes next, so an add after it is a pass of its own over q, k and v (without it, 1.024x the steps)
-        q, k, v = (_linear(h, weight, bias).view(-1, span, heads, d // heads).transpose(1, 2)
-                   for weight, bias in zip(w["attention.qkv.weight"].chunk(3, dim=1),
-                                           w["attention.qkv.bias"].chunk(3, dim=1)))
+        # ms of a 3-run BERT-base step on an H200, docs/benchmarks.md). Attention comes next, so an add after the
+        # products would be a pass of its own over q, k and v; `baddbmm` (`_linear`) first copies the broadcast bias
+        # into its output (1.6 ms of such copies a step). As a column of the weight against a column of ones, the
+        # bias costs 64 more columns of the products' inner size: 1.026x the steps of `baddbmm` (H200, same call).
+        # The FFN's products keep the add after them, which fuses into the next kernel: this way they were slower.
+        ones = _with_ones(h)
+        q, k, v = (torch.bmm(ones, weight.transpose(1, 2)).view(-1, span, heads, d // heads).transpose(1, 2)
+                   for weight in _with_bias(w["attention.qkv.weight"], w["attention.qkv.bias"]).chunk(3, dim=1))
     else:
         # one head (BERT-small): one product, split after. Compiled on CUDA, the three products' backward fails an
         # assertion on a saved tensor's strides at a new sentence length (torch 2.11, docs/benchmarks.md)
@@ -190,7 +212,12 @@ class StackedEncoder:
         # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
         model_shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
-        self.encoder_layer = torch.compile(layer_function(model_shape)) if compile else encoder_layer
+        # fallback_random: the dropouts are torch's own kernels and draws, not inductor's. In a 3-run BERT-base step
+        # inductor's LayerNorm kernels that drew dropout's random numbers took 127 us a launch, 46 us without them,
+        # and torch's dropout kernel takes 34 us: 1.013x the steps, warm-up 72 s instead of 99 (H200, same call,
+        # docs/benchmarks.md). Compiled and eager layers also draw the same dropout from one seed.
+        self.encoder_layer = torch.compile(layer_function(model_shape), options={"fallback_random": True}) \
+            if compile else encoder_layer
         self.layout, offset = [], 0  # (name, offset, size, shape)
         for name, shape in shapes.items():
             self.layout.append((name, offset, math.prod(shape), shape))
