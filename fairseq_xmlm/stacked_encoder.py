@@ -45,9 +45,9 @@ def _linear(x, weight, bias):
 
 
 def _product(x, weight, bias):
-    """`_linear` with the bias added after the product: compiled, the add fuses into the next elementwise kernel,
-    where `baddbmm` first copies the broadcast bias into its output (copies went from 3.3 to 0.9 ms of a 2-run
-    BERT-base step on an H100, docs/benchmarks.md)."""
+    """`_linear` with the bias added after the product: compiled, the add fuses into the next kernel (but not into
+    torch's dropout kernel, see `fallback_random`), where `baddbmm` first copies the broadcast bias into its output
+    (copies went from 3.3 to 0.9 ms of a 2-run BERT-base step on an H100, docs/benchmarks.md)."""
     return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
 
 
@@ -96,7 +96,8 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
         # products would be a pass of its own over q, k and v; `baddbmm` (`_linear`) first copies the broadcast bias
         # into its output (1.6 ms of such copies a step). As a column of the weight against a column of ones, the
         # bias costs 64 more columns of the products' inner size: 1.026x the steps of `baddbmm` (H200, same call).
-        # The FFN's products keep the add after them, which fuses into the next kernel: this way they were slower.
+        # The FFN's products were slower this way while their adds fused into the next kernel (before dropout went
+        # to torch's kernels, see `fallback_random` below, which made the adds before a dropout passes of their own).
         ones = _with_ones(h)
         q, k, v = (torch.bmm(ones, weight.transpose(1, 2)).view(-1, span, heads, d // heads).transpose(1, 2)
                    for weight in _with_bias(w["attention.qkv.weight"], w["attention.qkv.bias"]).chunk(3, dim=1))
