@@ -210,7 +210,7 @@ class StackedEncoder:
         self.lang_pos = torch.tensor([model.language_embedding is not None for model in models], device=device)
         self.any_lang_pos = bool(self.lang_pos.any())
         avoid_cudnn_attention()
-        # compiled, a layer's dropouts, residual adds and LayerNorms fuse into a few kernels instead of a dozen
+        # compiled, a layer's bias adds, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
         model_shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
         # fallback_random: the dropouts are torch's own kernels and draws, not inductor's. In a 3-run BERT-base step
