@@ -6,8 +6,7 @@
 Each group is a list of run IDs of `examples/dufter/run.py full`, for the first --seeds of its seeds, all stacked
 into one model (each run on its own seed's batches, as packed_training does; the recipe's groups mostly hold one
 seed). For every group and variant (eager; compile = the stacked layers and the optimizer step under torch.compile;
-compile_cudnn = the same with cuDNN's attention kernels first, and inductor's caches off for the rest of the
-process; compile_graphs = compile, and each batch shape's whole update replayed as a CUDA graph) in this process,
+compile_graphs = compile, and each batch shape's whole update replayed as a CUDA graph) in this process,
 one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled and
 captured; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
 tokens/s; peak GPU memory), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and
@@ -24,11 +23,9 @@ import gzip
 import json
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch.nn.attention import sdpa_kernel
 
 HERE = Path(__file__).resolve().parent
 
@@ -149,7 +146,6 @@ def main():
     sys.path.insert(1, str(HERE))
     import pack_speed
     from fairseq_xmlm import packed_training
-    from fairseq_xmlm.models.partially_shared_roberta import CUDNN_FIRST
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,23 +160,16 @@ def main():
         runs = [packed_training.parse_run(c).build() for c in commands]
         schedules = [packed_training.epoch_batches(run, 1) for run in runs]
         for variant in args.variants.split(","):
-            options, attention = {}, nullcontext()
+            options = {}
             if variant.startswith("compile"):
                 torch._dynamo.reset()  # compiled functions are shared by groups: start their caches afresh for this one
                 options["compile"] = True
             if variant == "compile_graphs":
                 options["cuda_graphs"] = True
-            if variant == "compile_cudnn":
-                # cuDNN's attention first while the layer is traced and runs. Inductor's caches off: a cached layer
-                # keeps the attention kernel chosen when it was first compiled (thirteenth session)
-                attention = sdpa_kernel(CUDNN_FIRST, set_priority=True)
-                torch._inductor.config.fx_graph_cache = False
-                torch._functorch.config.enable_autograd_cache = False
             group = packed_training.PackedGroup(runs, device, **options)
             if args.no_dropout:
                 group.dropouts = (0.0, 0.0, 0.0)
-            with attention:
-                result, profiler = profile_group(group, schedules, args, device)
+            result, profiler = profile_group(group, schedules, args, device)
             result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
                       "dropout": not args.no_dropout, "inductor": args.inductor,
                       "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",

@@ -1,5 +1,5 @@
-"""Whether the stacked model gives each run's own logits on the GPU, where its attention runs SDPA's memory-efficient
-kernels with several short sentences to a row (`stacked_encoder.attention_mask`).
+"""Whether the stacked model gives each run's own logits on the GPU, where its attention runs `short_attention`'s
+Triton kernels with several short sentences to a row (`stacked_encoder.attention_code`).
 
     python3 benchmarks/stacked_equal.py --ids 0,1 --out OUT/stacked_equal
 

@@ -10,7 +10,7 @@ tables + segment embedding; lang-pos and shared-position models stack together) 
 All weights of all models live in one flat (N, P) buffer, every named weight a view of it. `gradients` hands the
 optimizer (`packed_training.AdamState`) each autograd leaf's gradient as backward computed it, with the leaf's
 columns of the buffer.
-Attention avoids cuDNN's kernels (see `avoid_cudnn_attention`): lengths change at every batch.
+On the GPU the attention is `short_attention`'s Triton kernels; on the CPU, SDPA with a mask.
 """
 import math
 import types
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.models.partially_shared_roberta import avoid_cudnn_attention
+from fairseq_xmlm.short_attention import short_attention
 
 
 LANG_POS_WEIGHTS = ("position_embeddings.1.weight", "language_embedding.weight")
@@ -70,12 +70,12 @@ def _with_bias(weight, bias):
     return torch.cat([weight, bias.unsqueeze(-1), weight.new_zeros(n, o, BIAS_COLUMNS - 1)], dim=-1)
 
 
-def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_dropout, activation_dropout,
+def encoder_layer(x, block, layout, code, heads, activation, dropout, attention_dropout, activation_dropout,
                   rows=None):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
-    one row, `layout` their in-layer names -> (offset, size, shape) in a row, keep the attention mask of
-    `attention_mask` (N*B/G, 1, G*T, G*T): G sentences to a row of the attention. A plain function of tensors, so
-    one torch.compile serves every layer.
+    one row, `layout` their in-layer names -> (offset, size, shape) in a row, code the rows of the attention
+    (`attention_code`, (N*B/G, G*T)): G sentences to a row. A plain function of tensors, so one torch.compile
+    serves every layer.
 
     With `rows` (N, M), flat indices into each model's B*T, the layer returns only those positions, (N, M, D): the
     top layer, where only the targets reach the loss. Every position still serves as a key and value of the
@@ -87,27 +87,18 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
     w = {name: block[:, offset:offset + size].view(block.size(0), *shape)
          for name, (offset, size, shape) in layout.items()}
     n, b, t, d = x.shape
-    span = keep.size(-1)  # G*T: consecutive sentences of a row are consecutive in memory, so q, k, v are views
     h = x.reshape(n, b * t, d)
     if heads > 1:
-        # three products, as the model's SelfAttention does: backward hands each its attention gradient as it is,
-        # where one product split afterwards first gathers the three into one (B*T, 3D) gradient (1.2 of 36 kernel
-        # ms of a 3-run BERT-base step on an H200, docs/benchmarks.md). Attention comes next, so an add after the
-        # products would be a pass of its own over q, k and v; `baddbmm` (`_linear`) first copies the broadcast bias
-        # into its output (1.6 ms of such copies a step). As a column of the weight against a column of ones, the
-        # bias costs 64 more columns of the products' inner size: 1.026x the steps of `baddbmm` (H200, same call).
-        # The FFN's products were slower this way while their adds fused into the next kernel (before dropout went
-        # to torch's kernels, see `fallback_random` below, which made the adds before a dropout passes of their own).
-        ones = _with_ones(h)
-        q, k, v = (torch.bmm(ones, weight.transpose(1, 2)).view(-1, span, heads, d // heads).transpose(1, 2)
-                   for weight in _with_bias(w["attention.qkv.weight"], w["attention.qkv.bias"]).chunk(3, dim=1))
-    else:
-        # one head (BERT-small): one product, split after. Compiled on CUDA, the three products' backward fails an
-        # assertion on a saved tensor's strides at a new sentence length (torch 2.11, docs/benchmarks.md)
+        # Attention comes next, so an add after the product would be a pass of its own over q, k and v; `baddbmm`
+        # (`_linear`) first copies the broadcast bias into its output (1.6 ms of such copies a step). As a column of
+        # the weight against a column of ones, the bias costs 64 more columns of the product's inner size: 1.026x
+        # the steps of `baddbmm` (3-run BERT-base, H200, same call, docs/benchmarks.md). The FFN's products were
+        # slower this way while their adds fused into the next kernel (before dropout went to torch's kernels, see
+        # `fallback_random` below, which made the adds before a dropout passes of their own).
+        qkv = torch.bmm(_with_ones(h), _with_bias(w["attention.qkv.weight"], w["attention.qkv.bias"]).transpose(1, 2))
+    else:  # one head (BERT-small): 64 more columns would double the product's inner size
         qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
-        q, k, v = qkv.view(-1, span, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=attention_dropout)
-    y = y.transpose(1, 2).reshape(n, b * t, d)
+    y = attention(qkv, code, heads, attention_dropout)
     if rows is not None:
         index = rows.unsqueeze(-1).expand(-1, -1, d)
         h, y = h.gather(1, index), y.gather(1, index)
@@ -119,10 +110,10 @@ def encoder_layer(x, block, layout, keep, heads, activation, dropout, attention_
     return h if rows is not None else h.view(n, b, t, d)
 
 
-# SDPA's memory-efficient kernels (which a mask selects, see `masked_logits`) give one (row, head) a tile of 64
-# queries by 64 keys; Dufter's sentences are mostly shorter (median batch length 29 tokens), so most of each tile
-# was idle and the kernels' time went with the number of tiles. Sharing rows cut the attention kernels of a 3-run
-# BERT-base step from 5.83 to 3.51 ms (H200, docs/benchmarks.md).
+# Dufter's sentences are mostly short (median batch length 29 tokens): G of them share one row of the attention,
+# up to ATTENTION_TILE tokens, so that each (row, head) of `short_attention` (and, before it, of SDPA's
+# memory-efficient kernels, whose tiles are 64 x 64) has fewer idle queries and keys. Sharing rows cut SDPA's
+# attention kernels of a 3-run BERT-base step from 5.83 to 3.51 ms (H200, docs/benchmarks.md).
 ATTENTION_TILE = 64
 
 
@@ -135,15 +126,33 @@ def sentences_per_row(rows, length):
     return share
 
 
-def attention_mask(keep):
-    """keep (R, T), the real tokens -> the attention's mask (R/G, 1, G*T, G*T) for G = `sentences_per_row`: each
-    query sees the real tokens of its own sentence only (block diagonal), so G short sentences attend in one tile
-    exactly as each would alone. Always four full dimensions, so the compiled layer meets one kind of mask."""
+def attention_code(keep):
+    """keep (R, T), the real tokens -> the rows of the attention, (R/G, G*T) int8 for G = `sentences_per_row`: per
+    token 2 * (its sentence within the row) + (1 if real). A query sees the real tokens of its own sentence only,
+    so G short sentences attend in one row exactly as each would alone."""
     rows, length = keep.shape
     share = sentences_per_row(rows, length)
-    sentence = torch.arange(share * length, device=keep.device) // length
-    same = sentence.unsqueeze(1) == sentence.unsqueeze(0)  # (G*T, G*T) block diagonal
-    return same & keep.view(rows // share, 1, 1, share * length)
+    sentence = torch.arange(share * length, device=keep.device, dtype=torch.int8) // length
+    return (2 * sentence + keep.view(rows // share, share * length)).to(torch.int8)
+
+
+def attention_mask(code):
+    """The SDPA mask (R/G, 1, G*T, G*T) of `attention_code`'s rows: block diagonal, real keys only."""
+    sentence, real = code // 2, code % 2 == 1
+    return ((sentence.unsqueeze(2) == sentence.unsqueeze(1)) & real.unsqueeze(1)).unsqueeze(1)
+
+
+def attention(qkv, code, heads, dropout):
+    """qkv (N, L, 3D) -> (N, L, D), attention over `attention_code`'s rows. On the GPU `short_attention`'s kernels
+    (1.095x a 3-run BERT-base step's updates against SDPA's memory-efficient kernels, H200, docs/benchmarks.md); on
+    the CPU, SDPA with the mask."""
+    if qkv.is_cuda:
+        return short_attention(qkv, code, heads, dropout)
+    n, length, width = qkv.shape
+    dim = width // 3
+    q, k, v = qkv.view(-1, code.size(-1), 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(code), dropout_p=dropout)
+    return y.transpose(1, 2).reshape(n, length, dim)
 
 
 _LAYER_FUNCTIONS = {}
@@ -209,7 +218,6 @@ class StackedEncoder:
         self.padding_idx = first.padding_idx
         self.lang_pos = torch.tensor([model.language_embedding is not None for model in models], device=device)
         self.any_lang_pos = bool(self.lang_pos.any())
-        avoid_cudnn_attention()
         # compiled, a layer's bias adds, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
         model_shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
@@ -296,18 +304,15 @@ class StackedEncoder:
     def masked_logits(self, tokens, langs, positions, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0):
         """Logits (N, M, V) at `positions` (N, M) (flat indices into each model's B*T), for all N models at once.
 
-        Dropout as in training when the rates are > 0 (0 = evaluation). The attention gets its mask even for a
-        batch without padding: SDPA then takes its memory-efficient kernels, never flash, which on Dufter's
-        sentences (median 29 tokens) took about 4.5x as long per token. With the mask always, a 3-run BERT-base
-        step spent 5.9 ms in attention instead of 9.3 (H200, docs/benchmarks.md). Short sentences share rows of
-        the attention (`attention_mask`).
+        Dropout as in training when the rates are > 0 (0 = evaluation). Short sentences share rows of the attention
+        (`attention_code`).
         """
         n, b, t = tokens.shape
-        keep = attention_mask(tokens.ne(self.padding_idx).view(n * b, t))
+        code = attention_code(tokens.ne(self.padding_idx).view(n * b, t))
         x = F.dropout(self.embed(tokens, langs), dropout)
         for i, (block, layout) in enumerate(zip(self.layer_blocks, self.layer_layouts)):
             top = i == self.num_layers - 1
-            x = self.encoder_layer(x, block, layout, keep, self.heads, self.activation, dropout, attention_dropout,
+            x = self.encoder_layer(x, block, layout, code, self.heads, self.activation, dropout, attention_dropout,
                                    activation_dropout, rows=positions if top else None)
         features = x  # (N, M, D): the top layer computed the target positions only
         w = self.weights

@@ -19,8 +19,11 @@ pip() { "$venv/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neith
 echo "setup: installing the pinned stack into $venv" >&2
 pip install -q --upgrade pip
 # torch is pinned: an unpinned torch makes pip fetch a multi-GB CUDA build.
+# triton: the packed encoder's attention kernels (fairseq_xmlm/short_attention.py; CUDA builds of torch bring their
+# own); the CPU's tests run them in Triton's interpreter. 3.6.0 is the GPU machine's.
 pip install -q torch==2.13.0 "numpy<3" cython "setuptools<81" wheel hydra-core==1.3.2 omegaconf==2.3.0 \
-  regex sacrebleu tqdm bitarray scikit-learn scipy matplotlib sentencepiece sacremoses fasttext-numpy2 pytest
+  regex sacrebleu tqdm bitarray scikit-learn scipy matplotlib sentencepiece sacremoses fasttext-numpy2 pytest \
+  triton==3.6.0
 # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is the same API. Build it against the torch
 # above (--no-build-isolation) and without its declared deps (--no-deps: they would pull torchaudio).
 if ! "$venv/bin/python" -c "import fairseq" 2>/dev/null; then

@@ -12,8 +12,8 @@ from conftest import REPO, expect_cli_error
 from fairseq_xmlm import packed_training
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.evaluation.figures import read_fairseq_log
-from fairseq_xmlm.stacked_encoder import (StackedEncoder, _with_bias, _with_ones, attention_mask, layer_function,
-                                          sentences_per_row)
+from fairseq_xmlm.stacked_encoder import (StackedEncoder, _with_bias, _with_ones, attention_code, attention_mask,
+                                          layer_function, sentences_per_row)
 
 TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--encoder-attention-heads", "2"]
@@ -89,7 +89,9 @@ def test_short_sentences_share_attention_rows_as_if_alone():
     keep = torch.ones(8, 7, dtype=torch.bool)
     keep[1, 4:] = keep[6, 2:] = False  # padding
     assert sentences_per_row(8, 7) == 8 and sentences_per_row(6, 7) == 2 and sentences_per_row(8, 40) == 1
-    mask = attention_mask(keep)
+    code = attention_code(keep)
+    assert code.shape == (1, 56) and code[0, 7:14].tolist() == [3, 3, 3, 3, 2, 2, 2]
+    mask = attention_mask(code)
     assert mask.shape == (1, 1, 56, 56)
     assert mask[0, 0, 7, 7:11].all() and not mask[0, 0, 7, 11:14].any() and not mask[0, 0, 7, :7].any()
     q, k, v = torch.randn(3, 8, 2, 7, 16).unbind(0)  # (sentences, heads, length, head dim)
