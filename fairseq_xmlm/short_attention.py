@@ -15,7 +15,9 @@ output of one product, and their gradient goes back in that layout: no split, no
 `tests/test_short_attention.py` runs the kernels in Triton's interpreter (TRITON_INTERPRET=1) on the CPU against
 `torch.nn.functional.scaled_dot_product_attention`.
 """
+import hashlib
 import math
+from pathlib import Path
 
 import torch
 
@@ -26,6 +28,9 @@ LONGEST_ROW = 128  # tokens: Dufter's models have 128 positions
 WORDS = LONGEST_ROW // 32  # int32 words of dropout bits a query
 DRAW_VALUES = 2 ** 16  # dropout's draws are 16-bit: the rate is rounded to a multiple of 1 / 65536
 _WORDS = tl.constexpr(WORDS)
+# inductor's caches know a custom op by its name, not by its Python code (pytorch issue 144344): with the same name,
+# an edited backward met graphs compiled for the old one. The ops' names carry this file's hash.
+_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
 @triton.jit
@@ -147,7 +152,7 @@ def _kept_size(code, heads, dropout):
     return code.numel() * heads * WORDS if dropout > 0 else 0
 
 
-@torch.library.custom_op("xmlm::short_attention", mutates_args=())
+@torch.library.custom_op(f"xmlm::short_attention_{_VERSION}", mutates_args=())
 def _attention(qkv: torch.Tensor, code: torch.Tensor, seed: torch.Tensor, heads: int,
                dropout: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out = qkv.new_empty(qkv.shape[:-1] + (qkv.size(-1) // 3,))
@@ -165,7 +170,7 @@ def _(qkv, code, seed, heads, dropout):
             qkv.new_empty(_kept_size(code, heads, dropout), dtype=torch.int32))
 
 
-@torch.library.custom_op("xmlm::short_attention_backward", mutates_args=())
+@torch.library.custom_op(f"xmlm::short_attention_backward_{_VERSION}", mutates_args=())
 def _attention_backward(grad_out: torch.Tensor, qkv: torch.Tensor, code: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, kept: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
     grad_qkv = torch.empty_like(qkv)

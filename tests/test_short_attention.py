@@ -3,7 +3,7 @@ against SDPA with the stacked encoder's mask (`stacked_encoder.attention`'s CPU 
 import pytest
 import torch
 
-from fairseq_xmlm.short_attention import short_attention
+from fairseq_xmlm.short_attention import _attention, short_attention
 from fairseq_xmlm.stacked_encoder import attention, attention_code
 
 
@@ -38,7 +38,7 @@ def dropped_probabilities(code, heads, dim, dropout, seed):
     rows, span = code.shape
     qkv = torch.zeros(rows, span, 3, heads, dim // heads)
     qkv[:, :, 2, :, :span] = torch.eye(span).unsqueeze(1)
-    out = torch.ops.xmlm.short_attention(qkv.reshape(1, rows * span, 3 * dim), code, seed, heads, dropout)[0]
+    out = _attention(qkv.reshape(1, rows * span, 3 * dim), code, seed, heads, dropout)[0]
     return out.view(rows, span, heads, dim // heads)[..., :span].transpose(1, 2)
 
 
@@ -57,7 +57,7 @@ def test_dropout_draws_once_for_forward_and_backward():
     # forward and backward on random q, k, v with that seed equal autograd through the same kept probabilities
     qkv = torch.randn(1, rows * span, 3 * dim, generator=torch.Generator().manual_seed(2), requires_grad=True)
     grad = torch.randn(1, rows * span, dim)
-    out = torch.ops.xmlm.short_attention(qkv, code, seed, heads, dropout)[0]
+    out = _attention(qkv, code, seed, heads, dropout)[0]
     q, k, v = qkv.view(rows, span, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
     scores = (q @ k.transpose(-1, -2) / (dim // heads) ** 0.5).masked_fill(~seen, float("-inf"))
     expected = (scores.softmax(-1) * kept / (1 - dropout)) @ v
