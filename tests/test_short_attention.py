@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fairseq_xmlm.short_attention import _attention, short_attention
-from fairseq_xmlm.stacked_encoder import attention, attention_code
+from fairseq_xmlm.stacked_encoder import attention, attention_code, attention_mask
 
 
 def rows_of_attention(sentences, length, seed):
@@ -20,14 +20,12 @@ def rows_of_attention(sentences, length, seed):
     return attention_code(torch.arange(length) < real.unsqueeze(1))
 
 
-@pytest.mark.parametrize("length", [7, 20, 70], ids=["4-to-a-row", "one-to-a-row", "long"])
+@pytest.mark.parametrize("length", [7, 20, 70], ids=["8-to-a-row", "2-to-a-row", "long"])
 def test_attention_and_its_gradient_equal_sdpa(length):
     code = rows_of_attention(2 * 8, length, length)  # 2 models x 8 sentences
-    if length == 7:
-        assert code.shape == (2, 56)  # sentences share rows: 8 to a row of 56 tokens
+    assert code.size(1) == {7: 56, 20: 40, 70: 70}[length]  # sentences to a row: 8 of 7 tokens, 2 of 20, 1 of 70
     heads, dim = 2, 32
-    qkv = torch.randn(2, 8 * length, 3 * dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    qkv = qkv.float().requires_grad_()
+    qkv = torch.randn(2, 8 * length, 3 * dim, generator=torch.Generator().manual_seed(1), requires_grad=True)
     grad = torch.randn(2, 8 * length, dim)
     got = short_attention(qkv, code, heads)
     expected = attention(qkv, code, heads, 0.0)
@@ -52,7 +50,7 @@ def test_dropout_draws_once_for_forward_and_backward():
     rows, span = code.shape
     seed = torch.tensor([1234])
     dropped = dropped_probabilities(code, heads, dim, dropout, seed)
-    seen = attention_mask_of(code).expand_as(dropped)
+    seen = attention_mask(code).expand_as(dropped)
     kept = dropped > 0
     assert not (kept & ~seen).any()
     share = float(kept.sum() / seen.sum())
@@ -71,12 +69,6 @@ def test_dropout_draws_once_for_forward_and_backward():
     got_grad, = torch.autograd.grad(out, qkv, grad)
     expected_grad, = torch.autograd.grad(expected, qkv, grad)
     assert torch.allclose(got_grad, expected_grad, atol=1e-5)
-
-
-def attention_mask_of(code):
-    from fairseq_xmlm.stacked_encoder import attention_mask
-
-    return attention_mask(code)
 
 
 def test_compiled_attention_equals_eager():
