@@ -7,8 +7,8 @@ head of 64), batches of 256 sentences of several lengths, each sentence a random
 one sentence full): forward + backward of one layer's attention in bf16, with attention dropout 0.1 and without,
 timed with CUDA events over --repeats eager calls after a warm-up. Before that, the same without dropout against
 SDPA in fp32: the largest difference of the output and of the q, k, v gradient, relative to the largest value.
-SDPA here is what the stacked encoder ran before: `scaled_dot_product_attention` on q, k, v views with
-`attention_mask`'s mask (its memory-efficient kernels). An eager call costs the host a few hundred microseconds,
+SDPA here is what the stacked encoder ran before on the GPU: `stacked_encoder.sdpa_attention` (SDPA's
+memory-efficient kernels with the mask). An eager call costs the host a few hundred microseconds,
 so the short lengths time the host more than the kernels (pack_profile.py times them in the training step).
 Prints a table and the ratio; writes OUT/attention_speed.json. Not a test.
 """
@@ -18,26 +18,15 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
+from fairseq_xmlm.short_attention import short_attention
+from fairseq_xmlm.stacked_encoder import attention_code, sdpa_attention
+
 SHAPES = {"bert_base_x3": (3, 12, 768), "bert_small_x11": (11, 1, 64)}  # runs, heads, hidden size
 LENGTHS = (12, 20, 29, 40, 64, 93, 128)
 
 
-def sdpa(qkv, code, heads, dropout):
-    from fairseq_xmlm.stacked_encoder import attention_mask
-
-    n, length, width = qkv.shape
-    dim = width // 3
-    q, k, v = qkv.view(-1, code.size(-1), 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(code), dropout_p=dropout)
-    return y.transpose(1, 2).reshape(n, length, dim)
-
-
 def inputs(runs, heads, dim, length, generator, dtype):
-    from fairseq_xmlm.stacked_encoder import attention_code
-
     sentences = runs * 256
     real = torch.randint(1, length + 1, (sentences,), generator=generator, device="cuda")
     real[0] = length
@@ -50,7 +39,7 @@ def difference(qkv, code, heads, function):
     """Largest differences of the output and of the q, k, v gradient from SDPA in fp32, relative to its largest."""
     grad = torch.randn(qkv.shape[:-1] + (qkv.size(-1) // 3,), device="cuda")
     exact = qkv.detach().float().requires_grad_()
-    expected = sdpa(exact, code, heads, 0.0)
+    expected = sdpa_attention(exact, code, heads, 0.0)
     expected_grad, = torch.autograd.grad(expected, exact, grad)
     got = function(qkv, code, heads, 0.0)
     got_grad, = torch.autograd.grad(got, qkv, grad.to(qkv.dtype))
@@ -78,7 +67,6 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_speed: needs a GPU")
-    from fairseq_xmlm.short_attention import short_attention
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,7 +82,7 @@ def main():
             out_diff, grad_diff = difference(qkv, code, heads, short_attention)
             sdpa_ms, triton_ms, sdpa_plain_ms, triton_plain_ms = (
                 time_ms(qkv, code, heads, function, dropout, args.repeats)
-                for dropout in (0.1, 0.0) for function in (sdpa, short_attention))
+                for dropout in (0.1, 0.0) for function in (sdpa_attention, short_attention))
             row = {"shape": name, "length": length, "real_tokens": real, "rows_of_attention": code.size(0),
                    "sdpa_ms": sdpa_ms, "triton_ms": triton_ms, "ratio": sdpa_ms / triton_ms,
                    "sdpa_no_dropout_ms": sdpa_plain_ms, "triton_no_dropout_ms": triton_plain_ms,

@@ -34,13 +34,20 @@ _VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
 @triton.jit
+def _head_at(row, head, span, width, BLOCK: tl.constexpr, HEAD: tl.constexpr):
+    """Offsets (BLOCK, HEAD) of this head's columns for the row's tokens in a (tokens, width) row-major tensor."""
+    return (row * span + tl.arange(0, BLOCK))[:, None] * width + head * HEAD + tl.arange(0, HEAD)[None, :]
+
+
+@triton.jit
 def _scores(qkv, code, row, head, span, dim, scale, BLOCK: tl.constexpr, HEAD: tl.constexpr,
             PRECISION: tl.constexpr):
-    """The row's q, k, v (BLOCK, HEAD) for this head and its scores (BLOCK, BLOCK), log2-scaled, -inf where a query
-    may not see a key (other sentence, padding, or past the row's `span` tokens)."""
+    """The row's q, k, v (BLOCK, HEAD) for this head, their offsets in qkv (q's; k's and v's are dim and 2 * dim
+    further), and the scores (BLOCK, BLOCK), log2-scaled, -inf where a query may not see a key (other sentence,
+    padding, or past the row's `span` tokens)."""
     token = tl.arange(0, BLOCK)
     inside = token < span
-    at = (row * span + token)[:, None] * (3 * dim) + head * HEAD + tl.arange(0, HEAD)[None, :]
+    at = _head_at(row, head, span, 3 * dim, BLOCK, HEAD)
     q = tl.load(qkv + at, mask=inside[:, None], other=0.0)
     k = tl.load(qkv + at + dim, mask=inside[:, None], other=0.0)
     v = tl.load(qkv + at + 2 * dim, mask=inside[:, None], other=0.0)
@@ -49,7 +56,7 @@ def _scores(qkv, code, row, head, span, dim, scale, BLOCK: tl.constexpr, HEAD: t
     sentence, real = c >> 1, c & 1
     seen = (sentence[:, None] == sentence[None, :]) & (real[None, :] == 1)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (scale * 1.4426950408889634)
-    return q, k, v, tl.where(seen, s, float("-inf"))
+    return q, k, v, at, tl.where(seen, s, float("-inf"))
 
 
 @triton.jit
@@ -76,7 +83,7 @@ def _attention_forward_kernel(qkv, code, seed_at, out, lse, kept, span, heads, d
                               PRECISION: tl.constexpr):
     program = tl.program_id(0)
     row, head = program // heads, program % heads
-    q, k, v, s = _scores(qkv, code, row, head, span, dim, scale, BLOCK, HEAD, PRECISION)
+    q, k, v, _, s = _scores(qkv, code, row, head, span, dim, scale, BLOCK, HEAD, PRECISION)
     top = tl.max(s, 1)
     top = tl.where(top == float("-inf"), 0.0, top)  # a query that sees nothing (past the row's end): zeros
     p = tl.exp2(s - top[:, None])
@@ -93,8 +100,7 @@ def _attention_forward_kernel(qkv, code, seed_at, out, lse, kept, span, heads, d
         tl.store(_kept_at(kept, program, span, BLOCK), tl.sum(bits, 2), mask=inside[:, None])
         p = tl.where(keep, p * rescale, 0.0)
     o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    at = (row * span + token)[:, None] * dim + head * HEAD + tl.arange(0, HEAD)[None, :]
-    tl.store(out + at, o.to(out.dtype.element_ty), mask=inside[:, None])
+    tl.store(out + _head_at(row, head, span, dim, BLOCK, HEAD), o.to(out.dtype.element_ty), mask=inside[:, None])
 
 
 @triton.jit
@@ -103,11 +109,11 @@ def _attention_backward_kernel(qkv, code, out, lse, kept, grad_out, grad_qkv, sp
                                PRECISION: tl.constexpr):
     program = tl.program_id(0)
     row, head = program // heads, program % heads
-    q, k, v, s = _scores(qkv, code, row, head, span, dim, scale, BLOCK, HEAD, PRECISION)
+    q, k, v, qkv_at, s = _scores(qkv, code, row, head, span, dim, scale, BLOCK, HEAD, PRECISION)
     token = tl.arange(0, BLOCK)
     inside = (token < span)[:, None]
     p = tl.exp2(s - tl.load(lse + program * span + token, mask=token < span, other=0.0)[:, None])
-    at = (row * span + token)[:, None] * dim + head * HEAD + tl.arange(0, HEAD)[None, :]
+    at = _head_at(row, head, span, dim, BLOCK, HEAD)
     do = tl.load(grad_out + at, mask=inside, other=0.0)
     o = tl.load(out + at, mask=inside, other=0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # gradient of the dropped probabilities
@@ -123,11 +129,10 @@ def _attention_backward_kernel(qkv, code, out, lse, kept, grad_out, grad_qkv, sp
     ds = p * (dp - tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)[:, None]) * scale
     dq = tl.dot(ds.to(q.dtype), k, input_precision=PRECISION)
     dk = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    grad_at = (row * span + token)[:, None] * (3 * dim) + head * HEAD + tl.arange(0, HEAD)[None, :]
     kind = grad_qkv.dtype.element_ty
-    tl.store(grad_qkv + grad_at, dq.to(kind), mask=inside)
-    tl.store(grad_qkv + grad_at + dim, dk.to(kind), mask=inside)
-    tl.store(grad_qkv + grad_at + 2 * dim, dv.to(kind), mask=inside)
+    tl.store(grad_qkv + qkv_at, dq.to(kind), mask=inside)
+    tl.store(grad_qkv + qkv_at + dim, dk.to(kind), mask=inside)
+    tl.store(grad_qkv + qkv_at + 2 * dim, dv.to(kind), mask=inside)
 
 
 def _geometry(qkv, code, heads, dropout):

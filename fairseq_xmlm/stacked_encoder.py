@@ -145,9 +145,12 @@ def attention_mask(code):
 def attention(qkv, code, heads, dropout):
     """qkv (N, L, 3D) -> (N, L, D), attention over `attention_code`'s rows. On the GPU `short_attention`'s kernels
     (1.095x a 3-run BERT-base step's updates against SDPA's memory-efficient kernels, H200, docs/benchmarks.md); on
-    the CPU, SDPA with the mask."""
-    if qkv.is_cuda:
-        return short_attention(qkv, code, heads, dropout)
+    the CPU, `sdpa_attention`."""
+    return (short_attention if qkv.is_cuda else sdpa_attention)(qkv, code, heads, dropout)
+
+
+def sdpa_attention(qkv, code, heads, dropout):
+    """`attention` by SDPA with `attention_mask`'s mask, on q, k and v views of qkv."""
     n, length, width = qkv.shape
     dim = width // 3
     q, k, v = qkv.view(-1, code.size(-1), 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
