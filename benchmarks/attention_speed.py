@@ -4,9 +4,10 @@
 
 For Dufter's two model shapes as the recipe stacks them (3 BERT-base runs: 12 heads of 64; 11 BERT-small runs: one
 head of 64), batches of 256 sentences of several lengths, each sentence a random number of real tokens (at least
-one sentence full): forward + backward of one layer's attention in bf16, with attention dropout 0.1 and without,
-timed with CUDA events over --repeats eager calls after a warm-up. Before that, the same without dropout against
-SDPA in fp32: the largest difference of the output and of the q, k, v gradient, relative to the largest value.
+one sentence full), q, k and v with a bias of each model's: forward + backward of one layer's attention in bf16,
+with attention dropout 0.1 and without, timed with CUDA events over --repeats eager calls after a warm-up. Before
+that, the same without dropout against SDPA in fp32: the largest difference of the output and of the gradients (q,
+k, v and bias), relative to the largest value.
 SDPA here is what the stacked encoder ran before on the GPU: `stacked_encoder.sdpa_attention` (SDPA's
 memory-efficient kernels with the mask). An eager call costs the host a few hundred microseconds,
 so the short lengths time the host more than the kernels (pack_profile.py times them in the training step).
@@ -32,29 +33,34 @@ def inputs(runs, heads, dim, length, generator, dtype):
     real[0] = length
     keep = torch.arange(length, device="cuda") < real.unsqueeze(1)
     qkv = torch.randn(runs, 256 * length, 3 * dim, generator=generator, device="cuda", dtype=dtype)
-    return qkv.requires_grad_(), attention_code(keep), int(keep.sum())
+    bias = torch.randn(runs, 3 * dim, generator=generator, device="cuda", dtype=dtype)
+    return qkv.requires_grad_(), bias.requires_grad_(), attention_code(keep), int(keep.sum())
 
 
-def difference(qkv, code, heads, function):
-    """Largest differences of the output and of the q, k, v gradient from SDPA in fp32, relative to its largest."""
+def relative(got, expected):
+    return float((got.float() - expected).abs().max() / expected.abs().max())
+
+
+def difference(qkv, bias, code, heads, function):
+    """Largest differences of the output and of the gradients (q, k, v and bias) from SDPA in fp32, relative to its
+    largest."""
     grad = torch.randn(qkv.shape[:-1] + (qkv.size(-1) // 3,), device="cuda")
-    exact = qkv.detach().float().requires_grad_()
-    expected = sdpa_attention(exact, code, heads, 0.0)
-    expected_grad, = torch.autograd.grad(expected, exact, grad)
-    got = function(qkv, code, heads, 0.0)
-    got_grad, = torch.autograd.grad(got, qkv, grad.to(qkv.dtype))
-    return (float((got.float() - expected).abs().max() / expected.abs().max()),
-            float((got_grad.float() - expected_grad).abs().max() / expected_grad.abs().max()))
+    exact = (qkv.detach().float().requires_grad_(), bias.detach().float().requires_grad_())
+    expected = sdpa_attention(*exact, code, heads, 0.0)
+    expected_grads = torch.autograd.grad(expected, exact, grad)
+    got = function(qkv, bias, code, heads, 0.0)
+    got_grads = torch.autograd.grad(got, (qkv, bias), grad.to(qkv.dtype))
+    return relative(got, expected), max(map(relative, got_grads, expected_grads))
 
 
-def time_ms(qkv, code, heads, function, dropout, repeats):
+def time_ms(qkv, bias, code, heads, function, dropout, repeats):
     grad = torch.randn(qkv.shape[:-1] + (qkv.size(-1) // 3,), device="cuda", dtype=qkv.dtype)
     for _ in range(3):
-        torch.autograd.grad(function(qkv, code, heads, dropout), qkv, grad)
+        torch.autograd.grad(function(qkv, bias, code, heads, dropout), (qkv, bias), grad)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
-        torch.autograd.grad(function(qkv, code, heads, dropout), qkv, grad)
+        torch.autograd.grad(function(qkv, bias, code, heads, dropout), (qkv, bias), grad)
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeats
@@ -78,10 +84,10 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, (runs, heads, dim) in SHAPES.items():
         for length in LENGTHS:
-            qkv, code, real = inputs(runs, heads, dim, length, generator, torch.bfloat16)
-            out_diff, grad_diff = difference(qkv, code, heads, short_attention)
+            qkv, bias, code, real = inputs(runs, heads, dim, length, generator, torch.bfloat16)
+            out_diff, grad_diff = difference(qkv, bias, code, heads, short_attention)
             sdpa_ms, triton_ms, sdpa_plain_ms, triton_plain_ms = (
-                time_ms(qkv, code, heads, function, dropout, args.repeats)
+                time_ms(qkv, bias, code, heads, function, dropout, args.repeats)
                 for dropout in (0.1, 0.0) for function in (sdpa_attention, short_attention))
             row = {"shape": name, "length": length, "real_tokens": real, "rows_of_attention": code.size(0),
                    "sdpa_ms": sdpa_ms, "triton_ms": triton_ms, "ratio": sdpa_ms / triton_ms,

@@ -10,7 +10,9 @@ log-sum-exp, and writes dq, dk and dv without atomics, since no other program to
 
 Attention dropout draws from Philox (`tl.randint4x`) with a seed that the caller draws with torch, so CUDA graphs
 replay new draws; forward keeps the draws as bits for backward. q, k and v come as the fused (tokens, 3 * dim)
-output of one product, and their gradient goes back in that layout: no split, no gather.
+output of one product without bias, and their gradient goes back in that layout: no split, no gather. The kernels
+add each model's bias as they load q, k and v (its gradient is the sum of theirs), so the product needs no pass of
+its own for it.
 
 `tests/test_short_attention.py` runs the kernels in Triton's interpreter (TRITON_INTERPRET=1) on the CPU against
 `torch.nn.functional.scaled_dot_product_attention`.
@@ -40,17 +42,27 @@ def _head_at(row, head, span, width, BLOCK: tl.constexpr, HEAD: tl.constexpr):
 
 
 @triton.jit
-def _scores(qkv, code, row, head, span, dim, scale, BLOCK: tl.constexpr, HEAD: tl.constexpr,
-            PRECISION: tl.constexpr):
-    """The row's q, k, v (BLOCK, HEAD) for this head, their offsets in qkv (q's; k's and v's are dim and 2 * dim
-    further), and the scores (BLOCK, BLOCK), log2-scaled, -inf where a query may not see a key (other sentence,
-    padding, or past the row's `span` tokens)."""
+def _with_bias(qkv, bias, at, model_at, inside):
+    """q, k or v of the row's tokens (`at` in qkv) plus their model's bias (`model_at` in bias), added in fp32."""
+    value = tl.load(qkv + at, mask=inside, other=0.0).to(tl.float32)
+    return (value + tl.load(bias + model_at, mask=inside, other=0.0).to(tl.float32)).to(qkv.dtype.element_ty)
+
+
+@triton.jit
+def _scores(qkv, bias, code, row, head, span, dim, tokens_per_model, scale, BLOCK: tl.constexpr,
+            HEAD: tl.constexpr, PRECISION: tl.constexpr):
+    """The row's q, k, v (BLOCK, HEAD) for this head, each with its bias, their offsets in qkv (q's; k's and v's are
+    dim and 2 * dim further), and the scores (BLOCK, BLOCK), log2-scaled, -inf where a query may not see a key
+    (other sentence, padding, or past the row's `span` tokens)."""
     token = tl.arange(0, BLOCK)
     inside = token < span
     at = _head_at(row, head, span, 3 * dim, BLOCK, HEAD)
-    q = tl.load(qkv + at, mask=inside[:, None], other=0.0)
-    k = tl.load(qkv + at + dim, mask=inside[:, None], other=0.0)
-    v = tl.load(qkv + at + 2 * dim, mask=inside[:, None], other=0.0)
+    # a row may hold the last sentences of one model and the first of the next: each token takes its model's bias
+    model = (row * span + token) // tokens_per_model
+    model_at = model[:, None] * (3 * dim) + head * HEAD + tl.arange(0, HEAD)[None, :]
+    q = _with_bias(qkv, bias, at, model_at, inside[:, None])
+    k = _with_bias(qkv, bias, at + dim, model_at + dim, inside[:, None])
+    v = _with_bias(qkv, bias, at + 2 * dim, model_at + 2 * dim, inside[:, None])
     # code: 2 * (sentence within the row) + (1 if a real token); -2 past the row's end
     c = tl.load(code + row * span + token, mask=inside, other=-2).to(tl.int32)
     sentence, real = c >> 1, c & 1
@@ -78,12 +90,12 @@ def _kept_at(kept, program, span, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _attention_forward_kernel(qkv, code, seed_at, out, lse, kept, span, heads, dim, scale, threshold, rescale,
-                              BLOCK: tl.constexpr, HEAD: tl.constexpr, DROPOUT: tl.constexpr,
+def _attention_forward_kernel(qkv, bias, code, seed_at, out, lse, kept, span, heads, dim, tokens_per_model, scale,
+                              threshold, rescale, BLOCK: tl.constexpr, HEAD: tl.constexpr, DROPOUT: tl.constexpr,
                               PRECISION: tl.constexpr):
     program = tl.program_id(0)
     row, head = program // heads, program % heads
-    q, k, v, _, s = _scores(qkv, code, row, head, span, dim, scale, BLOCK, HEAD, PRECISION)
+    q, k, v, _, s = _scores(qkv, bias, code, row, head, span, dim, tokens_per_model, scale, BLOCK, HEAD, PRECISION)
     top = tl.max(s, 1)
     top = tl.where(top == float("-inf"), 0.0, top)  # a query that sees nothing (past the row's end): zeros
     p = tl.exp2(s - top[:, None])
@@ -104,12 +116,13 @@ def _attention_forward_kernel(qkv, code, seed_at, out, lse, kept, span, heads, d
 
 
 @triton.jit
-def _attention_backward_kernel(qkv, code, out, lse, kept, grad_out, grad_qkv, span, heads, dim, scale, rescale,
-                               BLOCK: tl.constexpr, HEAD: tl.constexpr, DROPOUT: tl.constexpr,
-                               PRECISION: tl.constexpr):
+def _attention_backward_kernel(qkv, bias, code, out, lse, kept, grad_out, grad_qkv, span, heads, dim,
+                               tokens_per_model, scale, rescale, BLOCK: tl.constexpr, HEAD: tl.constexpr,
+                               DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
     program = tl.program_id(0)
     row, head = program // heads, program % heads
-    q, k, v, qkv_at, s = _scores(qkv, code, row, head, span, dim, scale, BLOCK, HEAD, PRECISION)
+    q, k, v, qkv_at, s = _scores(qkv, bias, code, row, head, span, dim, tokens_per_model, scale, BLOCK, HEAD,
+                                 PRECISION)
     token = tl.arange(0, BLOCK)
     inside = (token < span)[:, None]
     p = tl.exp2(s - tl.load(lse + program * span + token, mask=token < span, other=0.0)[:, None])
@@ -144,7 +157,7 @@ def _geometry(qkv, code, heads, dropout):
     # fp32 (the CPU's tests, fp32 checks on the GPU): exact products, not TF32's; bf16 ignores it
     options = dict(BLOCK=block, HEAD=dim // heads, DROPOUT=dropout > 0, num_warps=4 if block <= 64 else 8,
                    PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32")
-    return (rows * heads,), (span, heads, dim, 1 / math.sqrt(dim // heads)), options
+    return (rows * heads,), (span, heads, dim, qkv.size(-2), 1 / math.sqrt(dim // heads)), options
 
 
 def _draws(dropout):
@@ -158,58 +171,62 @@ def _kept_size(code, heads, dropout):
 
 
 @torch.library.custom_op(f"xmlm::short_attention_{_VERSION}", mutates_args=())
-def _attention(qkv: torch.Tensor, code: torch.Tensor, seed: torch.Tensor, heads: int,
+def _attention(qkv: torch.Tensor, bias: torch.Tensor, code: torch.Tensor, seed: torch.Tensor, heads: int,
                dropout: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out = qkv.new_empty(qkv.shape[:-1] + (qkv.size(-1) // 3,))
     lse = torch.empty(code.numel() * heads, device=qkv.device, dtype=torch.float32)
     kept = torch.empty(_kept_size(code, heads, dropout), device=qkv.device, dtype=torch.int32)
     grid, shared, options = _geometry(qkv, code, heads, dropout)
-    _attention_forward_kernel[grid](qkv, code, seed, out, lse, kept, *shared, *_draws(dropout), **options)
+    _attention_forward_kernel[grid](qkv, bias, code, seed, out, lse, kept, *shared, *_draws(dropout), **options)
     return out, lse, kept
 
 
 @_attention.register_fake
-def _(qkv, code, seed, heads, dropout):
+def _(qkv, bias, code, seed, heads, dropout):
     return (qkv.new_empty(qkv.shape[:-1] + (qkv.size(-1) // 3,)),
             qkv.new_empty(code.numel() * heads, dtype=torch.float32),
             qkv.new_empty(_kept_size(code, heads, dropout), dtype=torch.int32))
 
 
 @torch.library.custom_op(f"xmlm::short_attention_backward_{_VERSION}", mutates_args=())
-def _attention_backward(grad_out: torch.Tensor, qkv: torch.Tensor, code: torch.Tensor, out: torch.Tensor,
-                        lse: torch.Tensor, kept: torch.Tensor, heads: int, dropout: float) -> torch.Tensor:
+def _attention_backward(grad_out: torch.Tensor, qkv: torch.Tensor, bias: torch.Tensor, code: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor, kept: torch.Tensor, heads: int,
+                        dropout: float) -> torch.Tensor:
     grad_qkv = torch.empty_like(qkv)
     grid, shared, options = _geometry(qkv, code, heads, dropout)
-    _attention_backward_kernel[grid](qkv, code, out, lse, kept, grad_out.contiguous(), grad_qkv, *shared,
+    _attention_backward_kernel[grid](qkv, bias, code, out, lse, kept, grad_out.contiguous(), grad_qkv, *shared,
                                      _draws(dropout)[1], **options)
     return grad_qkv
 
 
 @_attention_backward.register_fake
-def _(grad_out, qkv, code, out, lse, kept, heads, dropout):
+def _(grad_out, qkv, bias, code, out, lse, kept, heads, dropout):
     return torch.empty_like(qkv)
 
 
 def _save(ctx, inputs, output):
-    qkv, code, _, heads, dropout = inputs
-    ctx.save_for_backward(qkv, code, *output)
+    qkv, bias, code, _, heads, dropout = inputs
+    ctx.save_for_backward(qkv, bias, code, *output)
     ctx.heads, ctx.dropout = heads, dropout
 
 
 def _backward(ctx, grad_out, _grad_lse, _grad_kept):
-    qkv, code, out, lse, kept = ctx.saved_tensors
-    return _attention_backward(grad_out, qkv, code, out, lse, kept, ctx.heads, ctx.dropout), None, None, None, None
+    qkv, bias, code, out, lse, kept = ctx.saved_tensors
+    grad_qkv = _attention_backward(grad_out, qkv, bias, code, out, lse, kept, ctx.heads, ctx.dropout)
+    # the bias adds onto every token of its model: its gradient is their sum
+    return grad_qkv, grad_qkv.sum(1), None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_save)
 
 
-def short_attention(qkv, code, heads, dropout=0.0):
-    """Attention of every row: qkv (..., L, 3 * dim) contiguous, q, k and v side by side and each `heads` heads
-    wide; code (L / span, span) int8, per token 2 * (its sentence within the row) + (1 if real). Returns (..., L,
-    dim), each query's attention over the real tokens of its own sentence, with dropout `dropout` on the
+def short_attention(qkv, bias, code, heads, dropout=0.0):
+    """Attention of every row: qkv (N, L, 3 * dim), q, k and v side by side and each `heads` heads wide, before
+    their bias (N, 3 * dim), which the kernels add as they load them (the product before needs no pass of its
+    own for it); code (N * L / span, span) int8, per token 2 * (its sentence within the row) + (1 if real). Returns
+    (N, L, dim), each query's attention over the real tokens of its own sentence, with dropout `dropout` on the
     probabilities (a fresh draw each call)."""
     if code.size(1) > LONGEST_ROW:
         raise ValueError(f"short_attention: rows of {code.size(1)} tokens, at most {LONGEST_ROW}")
     seed = torch.randint(2 ** 31 - 1, (1,), device=qkv.device) if dropout > 0 else qkv.new_zeros(1, dtype=torch.long)
-    return _attention(qkv.contiguous(), code, seed, heads, dropout)[0]
+    return _attention(qkv.contiguous(), bias.contiguous(), code, seed, heads, dropout)[0]

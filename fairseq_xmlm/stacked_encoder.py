@@ -51,25 +51,6 @@ def _product(x, weight, bias):
     return torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
 
 
-# Bias columns of `_with_ones` / `_with_bias`: one of ones, then zeros, so the inner size stays a multiple of 64
-BIAS_COLUMNS = 64
-
-
-def _with_ones(x):
-    """x (N, R, I) -> (N, R, I + BIAS_COLUMNS): x, a column of ones, zeros."""
-    n, r, _ = x.shape
-    return torch.cat([x, x.new_ones(n, r, 1), x.new_zeros(n, r, BIAS_COLUMNS - 1)], dim=-1)
-
-
-def _with_bias(weight, bias):
-    """weight (N, O, I), bias (N, O) -> (N, O, I + BIAS_COLUMNS): the bias as column I, so that
-    `_with_ones(x) @ _with_bias(weight, bias)^T` is x @ weight^T + bias. The bias is then part of the product both
-    ways: no pass adds it, and its gradient is a column of the weight's gradient product instead of a sum over the
-    rows of its own."""
-    n, o, _ = weight.shape
-    return torch.cat([weight, bias.unsqueeze(-1), weight.new_zeros(n, o, BIAS_COLUMNS - 1)], dim=-1)
-
-
 def encoder_layer(x, block, layout, code, heads, activation, dropout, attention_dropout, activation_dropout,
                   rows=None):
     """Post-LayerNorm BERT layer of every model; x (N, B, T, D), block (N, P) the layer's weights of each model as
@@ -88,17 +69,10 @@ def encoder_layer(x, block, layout, code, heads, activation, dropout, attention_
          for name, (offset, size, shape) in layout.items()}
     n, b, t, d = x.shape
     h = x.reshape(n, b * t, d)
-    if heads > 1:
-        # Attention comes next, so an add after the product would be a pass of its own over q, k and v; `baddbmm`
-        # (`_linear`) first copies the broadcast bias into its output (1.6 ms of such copies a step). As a column of
-        # the weight against a column of ones, the bias costs 64 more columns of the product's inner size: 1.026x
-        # the steps of `baddbmm` (3-run BERT-base, H200, same call, docs/benchmarks.md). The FFN's products were
-        # slower this way while their adds fused into the next kernel (before dropout went to torch's kernels, see
-        # `fallback_random` below, which made the adds before a dropout passes of their own).
-        qkv = torch.bmm(_with_ones(h), _with_bias(w["attention.qkv.weight"], w["attention.qkv.bias"]).transpose(1, 2))
-    else:  # one head (BERT-small): 64 more columns would double the product's inner size
-        qkv = _linear(h, w["attention.qkv.weight"], w["attention.qkv.bias"])
-    y = attention(qkv, code, heads, attention_dropout)
+    # q, k and v's bias goes into the attention, which adds it as it loads them: an add after the product would be
+    # a pass of its own over q, k and v, and `baddbmm` (`_linear`) first copies the broadcast bias into its output
+    qkv = torch.bmm(h, w["attention.qkv.weight"].transpose(1, 2))
+    y = attention(qkv, w["attention.qkv.bias"], code, heads, attention_dropout)
     if rows is not None:
         index = rows.unsqueeze(-1).expand(-1, -1, d)
         h, y = h.gather(1, index), y.gather(1, index)
@@ -142,17 +116,18 @@ def attention_mask(code):
     return ((sentence.unsqueeze(2) == sentence.unsqueeze(1)) & real.unsqueeze(1)).unsqueeze(1)
 
 
-def attention(qkv, code, heads, dropout):
-    """qkv (N, L, 3D) -> (N, L, D), attention over `attention_code`'s rows. On the GPU `short_attention`'s kernels
-    (1.095x a 3-run BERT-base step's updates against SDPA's memory-efficient kernels, H200, docs/benchmarks.md); on
-    the CPU, `sdpa_attention`."""
-    return (short_attention if qkv.is_cuda else sdpa_attention)(qkv, code, heads, dropout)
+def attention(qkv, bias, code, heads, dropout):
+    """qkv (N, L, 3D) before its bias (N, 3D) -> (N, L, D), attention over `attention_code`'s rows. On the GPU
+    `short_attention`'s kernels (1.095x a 3-run BERT-base step's updates against SDPA's memory-efficient kernels,
+    H200, docs/benchmarks.md); on the CPU, `sdpa_attention`."""
+    return (short_attention if qkv.is_cuda else sdpa_attention)(qkv, bias, code, heads, dropout)
 
 
-def sdpa_attention(qkv, code, heads, dropout):
+def sdpa_attention(qkv, bias, code, heads, dropout):
     """`attention` by SDPA with `attention_mask`'s mask, on q, k and v views of qkv."""
     n, length, width = qkv.shape
     dim = width // 3
+    qkv = qkv + bias.unsqueeze(1)
     q, k, v = qkv.view(-1, code.size(-1), 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(code), dropout_p=dropout)
     return y.transpose(1, 2).reshape(n, length, dim)

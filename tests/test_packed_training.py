@@ -12,8 +12,8 @@ from conftest import REPO, expect_cli_error
 from fairseq_xmlm import packed_training
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.evaluation.figures import read_fairseq_log
-from fairseq_xmlm.stacked_encoder import (StackedEncoder, _with_bias, _with_ones, attention_code, attention_mask,
-                                          layer_function, sentences_per_row)
+from fairseq_xmlm.stacked_encoder import (StackedEncoder, attention_code, attention_mask, layer_function,
+                                          sentences_per_row)
 
 TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--encoder-attention-heads", "2"]
@@ -67,22 +67,6 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
             features = run.model(inputs[slot], langs[slot], features_only=True)[0].reshape(-1, 32)
             expected = run.model.output_logits(features[positions[slot]], langs[slot].new_zeros(positions.size(1)))
             assert torch.allclose(logits[slot], expected, atol=1e-5)
-
-
-def test_bias_as_a_weight_column_gives_the_linear_layer_and_its_gradients():
-    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
-    ones = _with_ones(x)
-    assert ones.shape == (2, 5, 72) and ones[..., 8].eq(1).all() and ones[..., 9:].eq(0).all()
-    out = torch.bmm(ones, _with_bias(weight, bias).transpose(1, 2))
-    expected = torch.bmm(x, weight.transpose(1, 2)) + bias.unsqueeze(1)
-    assert torch.allclose(out, expected)
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, (x, weight, bias), grad)
-    for g, e in zip(got, torch.autograd.grad(expected, (x, weight, bias), grad)):
-        assert torch.allclose(g, e)
-    assert torch.allclose(got[2], grad.sum(1))  # the bias's gradient: the sum over the rows
 
 
 def test_short_sentences_share_attention_rows_as_if_alone():

@@ -20,19 +20,23 @@ def rows_of_attention(sentences, length, seed):
     return attention_code(torch.arange(length) < real.unsqueeze(1))
 
 
-@pytest.mark.parametrize("length", [7, 20, 70], ids=["8-to-a-row", "2-to-a-row", "long"])
-def test_attention_and_its_gradient_equal_sdpa(length):
-    code = rows_of_attention(2 * 8, length, length)  # 2 models x 8 sentences
-    assert code.size(1) == {7: 56, 20: 40, 70: 70}[length]  # sentences to a row: 8 of 7 tokens, 2 of 20, 1 of 70
+@pytest.mark.parametrize("sentences, length", [(8, 7), (6, 7), (8, 20), (8, 70)],
+                         ids=["8-to-a-row", "a-row-across-two-models", "2-to-a-row", "long"])
+def test_attention_and_its_gradients_equal_sdpa(sentences, length):
+    code = rows_of_attention(2 * sentences, length, length)  # 2 models
+    if length == 7:  # 8 sentences to a row of 56 tokens, or 4 to one of 28, so that row 1 holds both models'
+        assert code.shape == ((2, 56) if sentences == 8 else (3, 28))
     heads, dim = 2, 32
-    qkv = torch.randn(2, 8 * length, 3 * dim, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    grad = torch.randn(2, 8 * length, dim)
-    got = short_attention(qkv, code, heads)
-    expected = attention(qkv, code, heads, 0.0)
+    generator = torch.Generator().manual_seed(1)
+    qkv = torch.randn(2, sentences * length, 3 * dim, generator=generator, requires_grad=True)
+    bias = torch.randn(2, 3 * dim, generator=generator, requires_grad=True)
+    grad = torch.randn(2, sentences * length, dim)
+    got = short_attention(qkv, bias, code, heads)
+    expected = attention(qkv, bias, code, heads, 0.0)
     assert torch.allclose(got, expected, atol=1e-5)
-    got_grad, = torch.autograd.grad(got, qkv, grad)
-    expected_grad, = torch.autograd.grad(expected, qkv, grad)
-    assert torch.allclose(got_grad, expected_grad, atol=1e-5)
+    for got_grad, expected_grad in zip(torch.autograd.grad(got, (qkv, bias), grad),
+                                       torch.autograd.grad(expected, (qkv, bias), grad)):
+        assert torch.allclose(got_grad, expected_grad, atol=1e-4)
 
 
 def dropped_probabilities(code, heads, dim, dropout, seed):
@@ -41,7 +45,7 @@ def dropped_probabilities(code, heads, dim, dropout, seed):
     rows, span = code.shape
     qkv = torch.zeros(rows, span, 3, heads, dim // heads)
     qkv[:, :, 2, :, :span] = torch.eye(span).unsqueeze(1)
-    out = _attention(qkv.reshape(1, rows * span, 3 * dim), code, seed, heads, dropout)[0]
+    out = _attention(qkv.reshape(1, rows * span, 3 * dim), torch.zeros(1, 3 * dim), code, seed, heads, dropout)[0]
     return out.view(rows, span, heads, dim // heads)[..., :span].transpose(1, 2)
 
 
@@ -60,7 +64,7 @@ def test_dropout_draws_once_for_forward_and_backward():
     # forward and backward on random q, k, v with that seed equal autograd through the same kept probabilities
     qkv = torch.randn(1, rows * span, 3 * dim, generator=torch.Generator().manual_seed(2), requires_grad=True)
     grad = torch.randn(1, rows * span, dim)
-    out = _attention(qkv, code, seed, heads, dropout)[0]
+    out = _attention(qkv, torch.zeros(1, 3 * dim), code, seed, heads, dropout)[0]
     q, k, v = qkv.view(rows, span, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
     scores = (q @ k.transpose(-1, -2) / (dim // heads) ** 0.5).masked_fill(~seen, float("-inf"))
     expected = (scores.softmax(-1) * kept / (1 - dropout)) @ v
@@ -77,7 +81,7 @@ def test_compiled_attention_equals_eager():
     grad = torch.randn(2, 4 * 7, dim)
 
     def loss(qkv):
-        return (short_attention(qkv, code, heads) * grad).sum()
+        return (short_attention(qkv, torch.zeros(2, 3 * dim), code, heads) * grad).sum()
 
     eager, = torch.autograd.grad(loss(qkv), qkv)
     compiled, = torch.autograd.grad(torch.compile(loss, fullgraph=True)(qkv), qkv)
@@ -86,7 +90,7 @@ def test_compiled_attention_equals_eager():
 
 def test_rows_longer_than_the_kernel_takes_are_refused():
     with pytest.raises(ValueError, match="rows of 130 tokens, at most 128"):
-        short_attention(torch.zeros(1, 130, 96), torch.ones(1, 130, dtype=torch.int8), 1)
+        short_attention(torch.zeros(1, 130, 96), torch.zeros(1, 96), torch.ones(1, 130, dtype=torch.int8), 1)
 
 
 def test_kernels_compile_for_hopper():
