@@ -288,8 +288,15 @@ class StackedEncoder:
         n, b, t = tokens.shape
         code = attention_code(tokens.ne(self.padding_idx).view(n * b, t))
         x = F.dropout(self.embed(tokens, langs), dropout)
+        # the batch's sizes change from one batch to the next: compiled for any size from the first batch on,
+        # not first for the first batch's sizes and then again for any
+        for tensor, dims in ((code, (0, 1)), (positions, (1,))):
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
         for i, (block, layout) in enumerate(zip(self.layer_blocks, self.layer_layouts)):
             top = i == self.num_layers - 1
+            torch._dynamo.maybe_mark_dynamic(x, 1)
+            torch._dynamo.maybe_mark_dynamic(x, 2)
             x = self.encoder_layer(x, block, layout, code, self.heads, self.activation, dropout, attention_dropout,
                                    activation_dropout, rows=positions if top else None)
         features = x  # (N, M, D): the top layer computed the target positions only

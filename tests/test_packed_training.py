@@ -230,7 +230,9 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
     assert layer_function((2, 32, 64, 2)).__code__.co_name != layer_function((11, 64, 256, 1)).__code__.co_name
     group = packed_training.GroupData(runs, cpu)
     schedules = [packed_training.epoch_batches(run, 1) for run in runs]
-    for step in range(3):  # new lengths: compiled once for the first, once with a dynamic length after
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for step in range(3):  # new lengths: compiled once, for any length
         inputs, langs, positions, _, _ = group.batch([s[step] for s in schedules], torch.Generator().manual_seed(step))
         eager_grads, compiled_grads = (
             stacked.gradients(stacked.masked_logits(inputs, langs, positions).square().mean())
@@ -238,6 +240,7 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
         assert torch.allclose(compiled.masked_logits(inputs, langs, positions),
                               eager.masked_logits(inputs, langs, positions), atol=1e-5)
         assert all(torch.allclose(c, e, atol=1e-6) for c, e in zip(compiled_grads, eager_grads, strict=True))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the top layer and the others
     # compiled, the dropouts are torch's own (fallback_random): the same draws as eager from the same seed
     logits = []
     for stacked in (eager, compiled):
