@@ -408,6 +408,14 @@ def check_cuda_graphs(cuda_graphs, device):
         raise XmlmError("CUDA graphs need a GPU: drop --cuda-graphs")
 
 
+def summed_losses(logits, target_ids):
+    """Each run's summed cross-entropy of its targets, (N,), in fp32 from the logits (N, M, V). Compiled, the cast,
+    the log-softmax and the pick are one pass over the logits and backward one more, where eager passes write fp32
+    copies between them."""
+    return F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100,
+                           reduction="none").view(logits.size(0), -1).sum(1)
+
+
 # Batch shapes a group captures as CUDA graphs at most; beyond that, new shapes run uncaptured. A group of one seed
 # meets at most one shape per batch of its epoch: 48 for the 69 batches of Dufter's training set (docs/benchmarks.md).
 MAX_GRAPHS = 256
@@ -435,6 +443,7 @@ class PackedGroup:
                               first.optimizer.adam_eps, first.optimizer.weight_decay,
                               torch_style=first.optimizer._name == "xmlm_adamw",
                               clip_norm=first.optimization.clip_norm, compute=self.stacked.compute, compile=compile)
+        self.summed_losses = torch.compile(summed_losses) if compile else summed_losses
         self.updates = 0
         # plain values: an omegaconf lookup costs tens of microseconds, and the step should not wait on the host
         self.dropouts = (first.model.dropout, first.model.attention_dropout, first.model.activation_dropout)
@@ -476,8 +485,7 @@ class PackedGroup:
         batch = self.data.on_device(rows, length, budget, self.generator)
         inputs, langs, positions, target_ids = batch
         logits = self.stacked.masked_logits(inputs, langs, positions, *self.dropouts)
-        losses = F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=-100,
-                                 reduction="none").view(len(self.runs), -1).sum(1)
+        losses = self.summed_losses(logits, target_ids)
         counts = target_ids.ne(-100).sum(1)
         self.adam.apply(self.stacked.gradients((losses / counts.clamp(min=1)).sum()))
         return losses.detach(), counts, batch
