@@ -9,8 +9,9 @@ seed). For every group and variant (eager; compile = the stacked layers and the 
 compile_graphs = compile, and each batch shape's whole update replayed as a CUDA graph) in this process,
 one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape has been compiled and
 captured; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
-tokens/s; peak GPU memory), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and
-by kernel, against the profiled wall (the rest is the GPU waiting on the host).
+tokens/s; peak GPU memory; the runs' mean loss at step 1 and at the last timed step, a check that the step
+trains), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and by kernel, against
+the profiled wall (the rest is the GPU waiting on the host).
 Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, per group and variant, the profiler's
 operator table by host time (.txt), every kernel's ms and launches per step (_kernels.tsv) and, with --trace, the
 profiled steps' timeline (.trace.json.gz, chrome://tracing or Perfetto). With --plugin DIR the runs use another
@@ -37,14 +38,21 @@ def synchronise(device):
 
 def cycling_steps(group, schedules):
     """A function that makes the group's next step, every run on its own seed's next batch (epoch 1's, cycling), and
-    returns the step's real tokens, summed over the runs."""
+    returns what `PackedGroup.step` does (summed losses, target counts, batch ending with the real tokens)."""
     steps = iter(range(10 ** 9))
 
     def step():
         at = next(steps) % len(schedules[0])
-        return group.step([schedule[at] for schedule in schedules])[2][-1]
+        return group.step([schedule[at] for schedule in schedules])
 
     return step
+
+
+def mean_loss(outputs):
+    """The runs' mean masked-token loss (nats) of one step; read at once, a CUDA graph's outputs are overwritten
+    by its next replay."""
+    losses, counts, _ = outputs
+    return round(float((losses / counts.clamp(min=1)).mean()), 3)
 
 
 def profile_group(group, schedules, args, device):
@@ -55,15 +63,18 @@ def profile_group(group, schedules, args, device):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
-    for _ in range(args.warmup):
+    first_loss = mean_loss(step())  # the fresh models'; the last timed step's shows that the kernels train
+    for _ in range(args.warmup - 1):
         step()
     synchronise(device)
     warmup_s = time.perf_counter() - started
     started, tokens = time.perf_counter(), 0
     for _ in range(args.steps):
-        tokens += step()
+        outputs = step()
+        tokens += outputs[2][-1]
     synchronise(device)
     wall = time.perf_counter() - started
+    last_loss = mean_loss(outputs)
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch.profiler.profile(activities=activities) as profiler:
@@ -81,6 +92,7 @@ def profile_group(group, schedules, args, device):
     result = {
         "stacked": n, "warmup_s": round(warmup_s, 1), "ms_per_step": round(1e3 * wall / args.steps, 2),
         "run_updates_per_s": round(n * args.steps / wall, 1), "tokens_per_s": round(tokens / wall),
+        "loss_first_step": first_loss, "loss_last_timed_step": last_loss,
         "profiled_ms_per_step": round(1e3 * profiled_wall / args.profile_steps, 2),
         "kernel_ms_per_step": round(profile_step.stream_times(events)[0] / 1e3 / args.profile_steps, 2),
         "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if device.type == "cuda" else None,
@@ -105,7 +117,8 @@ def write_kernel_table(events, steps, path):
 def report(result, ids, variant):
     print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {result['stacked']} stacked) {variant}: "
           f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, {result['tokens_per_s']} "
-          f"tokens/s; warm-up {result['warmup_s']}s; profiled {result['profiled_ms_per_step']} ms/step of which "
+          f"tokens/s; loss {result['loss_first_step']} -> {result['loss_last_timed_step']} (mean of the runs, step 1 "
+          f"-> last timed step); warm-up {result['warmup_s']}s; profiled {result['profiled_ms_per_step']} ms/step of which "
           f"kernels {result['kernel_ms_per_step']} ms; peak GPU memory {result['peak_gpu_gb']} GB"
           + (f"; {result['cuda_graphs']} CUDA graphs captured in {result['capture_s']}s" if result["cuda_graphs"]
              else ""), flush=True)
