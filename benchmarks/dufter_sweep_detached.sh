@@ -10,7 +10,7 @@
 #
 #   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"];
 #   commands: bash benchmarks/dufter_sweep_detached.sh start, then bash benchmarks/dufter_sweep_detached.sh wait
-#   (PACK_ARGS=--pack-lockstep before `start` adds the recipe's options)
+#   (PACK_ARGS='--pack-lockstep --pack-eval-cpu' before `start` adds the recipe's options)
 set -u
 sweep=/tmp/sweep
 results=$sweep/results/dufter

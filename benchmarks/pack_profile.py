@@ -118,8 +118,8 @@ def report(result, ids, variant):
     print(f"[pack_profile] runs {ids} ({result['layers_x_hidden']}, {result['stacked']} stacked) {variant}: "
           f"{result['ms_per_step']} ms/step, {result['run_updates_per_s']} run-updates/s, {result['tokens_per_s']} "
           f"tokens/s; loss {result['loss_first_step']} -> {result['loss_last_timed_step']} (mean of the runs, step 1 "
-          f"-> last timed step); warm-up {result['warmup_s']}s; profiled {result['profiled_ms_per_step']} ms/step of which "
-          f"kernels {result['kernel_ms_per_step']} ms; peak GPU memory {result['peak_gpu_gb']} GB"
+          f"-> last timed step); warm-up {result['warmup_s']}s; profiled {result['profiled_ms_per_step']} ms/step of "
+          f"which kernels {result['kernel_ms_per_step']} ms; peak GPU memory {result['peak_gpu_gb']} GB"
           + (f"; {result['cuda_graphs']} CUDA graphs captured in {result['capture_s']}s" if result["cuda_graphs"]
              else ""), flush=True)
     for kind, ms in result["kernel_ms_per_step_by_kind"].items():

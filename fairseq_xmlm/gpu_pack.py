@@ -31,11 +31,13 @@ def default_slots(workers_per_run):
 
 
 def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None, then=None,
-               exclusive=None, stop=None):
+               exclusive=None, stop=None, then_beside=None):
     """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
 
     `then[i]` (optional) lists commands to run as soon as command i has succeeded (an evaluation of what it
     trained): they go ahead of the queue, cost nothing, and their times follow the others' in the result.
+    `then_beside[i]` (optional), where not empty, replaces `then[i]` when, as command i ends, others of `commands`
+    are still running or queued: an evaluation on the CPU, leaving the GPU to the training still going.
 
     With `costs` (one number per command, e.g. its estimated GPU memory) and `capacity`, a run starts only while
     the costs of the running ones plus its own fit in `capacity` (a run alone always starts); commands start in
@@ -56,6 +58,8 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     costs = list(costs or [0] * len(commands))
     exclusive = list(exclusive or [False] * len(commands))
     then = then or [[]] * len(commands)
+    then_beside = then_beside or [[]] * len(commands)
+    given = len(commands)  # the commands after these are follow-ups
     pending = list(range(len(commands)))
     running = {}  # index -> (process, log file, start time, device)
     wall, failed = {}, []
@@ -78,21 +82,23 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
                 running[index] = (subprocess.Popen(commands[index], stdout=log, stderr=subprocess.STDOUT,
                                                    env=own_env), log, time.perf_counter(), device)
                 where = "" if device is None else f" on GPU {device}"
-                print(f"gpu-pack: started run {index}{where} ({len(running)} running, {len(pending)} queued)",
-                      file=sys.stderr)
+                print(f"gpu-pack: started run {index}{where} ({len(running)} running, {len(pending)} queued) "
+                      f"at {time.strftime('%H:%M:%S')}", file=sys.stderr)
             for index, (process, log, started, _) in list(running.items()):
                 if process.poll() is None:
                     continue
                 log.close()
                 wall[index] = time.perf_counter() - started
                 del running[index]
-                print(f"gpu-pack: run {index} ended (exit {process.returncode}) after {wall[index]:.0f}s",
-                      file=sys.stderr)
+                print(f"gpu-pack: run {index} ended (exit {process.returncode}) after {wall[index]:.0f}s at "
+                      f"{time.strftime('%H:%M:%S')}", file=sys.stderr)
                 if process.returncode != 0:
                     failed.append(index)
                 elif index < len(then) and then[index]:
-                    follow = list(range(len(commands), len(commands) + len(then[index])))
-                    commands += then[index]
+                    beside = then_beside[index] and any(i < given for i in [*pending, *running])
+                    follow_ups = then_beside[index] if beside else then[index]
+                    follow = list(range(len(commands), len(commands) + len(follow_ups)))
+                    commands += follow_ups
                     costs += [0] * len(follow)
                     exclusive += [False] * len(follow)
                     pending[:0] = follow

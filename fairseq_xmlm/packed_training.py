@@ -707,7 +707,8 @@ class GroupTraining:
                                             "train_wall": elapsed}))
             log.flush()
         if self.progress:
-            self.progress(f"epoch {self.epoch} update {group.updates}/{self.total}: "
+            clock = time.strftime("%H:%M:%S")  # so that a sweep's processes can be laid side by side afterwards
+            self.progress(f"epoch {self.epoch} update {group.updates}/{self.total} at {clock}: "
                           f"{group.updates / elapsed:.1f} updates/s, "
                           f"{group.updates * len(self.runs) / elapsed:.0f} run-updates/s, "
                           f"mean loss {np.mean(mean_loss):.2f}")
@@ -824,7 +825,7 @@ def take_lock(path, stop, waiting_line):
         except BlockingIOError:
             pass
         if not waiting:
-            print(f"{waiting_line} ({path})", file=sys.stderr, flush=True)
+            print(f"{waiting_line} ({path}) at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
             waiting = True
         if stop():
             lock.close()
@@ -858,7 +859,7 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
             print(f"{labels[i]}: building", file=sys.stderr, flush=True)
             for run in chunks[i]:
                 run.build()
-            print(f"{labels[i]}: training", file=sys.stderr, flush=True)
+            print(f"{labels[i]}: training from {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
         label = " + ".join(labels[i] for i in team)
         facts = train_groups([chunks[i] for i in team], device, precision,
                              progress=[lambda text, label=labels[i]: print(f"{label} {text}", file=sys.stderr,
@@ -877,7 +878,7 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
             summary += [None] * len(team)
             break
         for i, group_facts in zip(team, facts):
-            print(f"{labels[i]}: done in {group_facts['seconds']:.0f}s, "
+            print(f"{labels[i]}: done in {group_facts['seconds']:.0f}s at {time.strftime('%H:%M:%S')}, "
                   f"{group_facts['updates'] * group_facts['runs'] / group_facts['seconds']:.0f} run-updates/s",
                   file=sys.stderr, flush=True)
         summary += facts
@@ -937,7 +938,7 @@ def lockstep_teams(chunks):
 
 
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None,
-                       cuda_graphs=None, lockstep=False):
+                       cuda_graphs=None, lockstep=False, then_beside=None):
     """Every group (see `group_key`) in a packed_training process, `slots` processes at a time on the GPU. A group
     takes at most 60 % of a GPU's memory budget (by `estimated_gpu_bytes`: three BERT-base runs on an 80 GB GPU);
     larger models start first; with several GPUs each process runs on one of them, the least loaded.
@@ -951,8 +952,9 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     overlaps the others' kernels, and a group that fills a GPU (`fills_gpu`) never shares one with another such
     group.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
-    so a sweep cut short keeps every result it finished. Writes workdir/commands.<i>.txt, summary.<i>.json and
-    logs/<i>.log; returns the wall time and the per-process summaries."""
+    so a sweep cut short keeps every result it finished; `then_beside` (the same kind of map, optional per command)
+    what replaces them while other groups have yet to train (`run_packed`). Writes workdir/commands.<i>.txt,
+    summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     os.makedirs(workdir, exist_ok=True)
@@ -986,10 +988,13 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     print(f"pack: {len(commands)} runs in {len(processes)} groups, at most {slots} processes at a time and as many "
           f"as fit in GPU memory ({len(devices or [0])} GPUs); progress in {logs}/", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    follow = [[c for chunk in team for run in chunk for c in (then or {}).get(tuple(run.argv), [])] for team in teams]
+    then, then_beside = then or {}, then_beside or {}
+    follow, follow_beside = ([[c for chunk in team for run in chunk
+                               for c in (beside and then_beside.get(tuple(run.argv)) or then.get(tuple(run.argv), []))]
+                              for team in teams] for beside in (False, True))
     run_packed(processes, slots, logs, costs=[sum(map(estimated_gpu_bytes, team)) for team in teams],
                capacity=capacity, devices=devices, then=follow,
-               exclusive=[fills_gpu(team[0]) and not cuda_graphs for team in teams])
+               exclusive=[fills_gpu(team[0]) and not cuda_graphs for team in teams], then_beside=follow_beside)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 

@@ -78,6 +78,25 @@ def test_gpu_pack_makes_untrained_runs_beside_the_training_and_stops_them_when_i
                               tmp_path / "knn_table.pt", slots=8, max_group=40, dry_run=False)
 
 
+def test_gpu_pack_eval_cpu_gives_bert_small_runs_an_evaluation_on_the_cpu(fake_english_data, tmp_path, monkeypatch):
+    """--pack-eval-cpu: a BERT-small run's evaluation gets a CPU variant (niced, two threads) for while other groups
+    train; an overparam (BERT-base) run's stays on the GPU only."""
+    from fairseq_xmlm import gpu_pack, packed_training
+
+    seen = {}
+    monkeypatch.setattr(gpu_pack, "run_packed", lambda commands, *args, **kwargs: [0.0] * len(commands))
+    monkeypatch.setattr(packed_training, "train_side_by_side",
+                        lambda commands, workdir, max_group, **options: seen.update(options))
+    module = recipe()
+    module.run_all_packed([("0", 0), ("15", 0)], fake_english_data, tmp_path / "runs", tmp_path,
+                          module.PRESETS["full"], tmp_path / "knn_table.pt", slots=8, max_group=40, dry_run=False,
+                          eval_cpu=True)
+    (small, beside), = seen["then_beside"].items()
+    assert "--arch xmlm_bert_small" in " ".join(small) and len(seen["then"]) == 2
+    on_gpu, = seen["then"][small]
+    assert beside == [["nice", "-n", "19", "env", "OMP_NUM_THREADS=2", *on_gpu, "--device", "cpu"]]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
 def test_gpu_pack_refuses_to_run_without_a_gpu(fake_english_data, tmp_path, capsys):
     expect_cli_error(capsys, recipe().main, ["full", "--ids", "0", "--gpu-pack", "--data", str(fake_english_data),

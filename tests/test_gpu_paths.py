@@ -280,6 +280,19 @@ def test_run_packed_runs_follow_ups_of_successful_runs_first(tmp_path):
     assert sorted(started, key=lambda label: float(started[label])) == ["train_a", "eval_a", "train_b", "queued"]
 
 
+def test_run_packed_runs_the_beside_follow_ups_while_other_runs_remain(tmp_path):
+    """then_beside[i] replaces then[i] when run i ends while other runs are running or queued (an evaluation on the
+    CPU while training goes on); the last run's follow-ups are then[i]."""
+    def printing(label):
+        return [sys.executable, "-c", f"print('{label}')"]
+
+    run_packed([printing("train_a"), printing("train_b")], slots=1, log_dir=tmp_path, poll_s=0.02,
+               then=[[printing("gpu_eval_a")], [printing("gpu_eval_b")]],
+               then_beside=[[printing("cpu_eval_a")], [printing("cpu_eval_b")]])
+    assert sorted(p.read_text().strip() for p in tmp_path.glob("*.log")) == ["cpu_eval_a", "gpu_eval_b", "train_a",
+                                                                             "train_b"]
+
+
 def test_run_packed_passes_sigterm_on_and_stops(tmp_path):
     """SIGTERM to the packer reaches every running run (so a packed group can save its state), queued ones never
     start, and the packer ends with one error."""

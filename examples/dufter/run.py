@@ -142,14 +142,21 @@ def checkpoint_of(run_id, run_dir):
     return run_dir / "checkpoints" / name
 
 
-def evaluate_command(run_id, run_dir, data, preset):
+def evaluate_command(run_id, run_dir, data, preset, on_cpu=False):
     command = [*module("fairseq_xmlm.evaluation.eval_mult"), checkpoint_of(run_id, run_dir), "--data", data,
                "--json", run_dir / "eval.json"]
     if preset["eval_sentences"]:
         command += ["--max-sentences", preset["eval_sentences"]]
     if preset["eval_train_sentences"]:
         command += ["--max-train-sentences", preset["eval_train_sentences"]]
+    if on_cpu:  # beside training: yield the cores to its processes and their compiling; two threads (gpu_pack: one)
+        command = ["nice", "-n", "19", "env", "OMP_NUM_THREADS=2", *command, "--device", "cpu"]
     return command
+
+
+def small_model(command):
+    """Whether a training command's model is Dufter's BERT-small (not overparam's BERT-base)."""
+    return command[command.index("--arch") + 1] == "xmlm_bert_small"
 
 
 def trained(run_id, run_dir):
@@ -192,16 +199,20 @@ def run_one(run_id, seed, data, runs_dir, preset, knn_table, dry_run, train_args
 
 
 def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run, compile=None,
-                   lockstep=False):
+                   lockstep=False, eval_cpu=False):
     """--gpu-pack: every trained run goes through fairseq_xmlm.packed_training (stacked models, one process per group
     or, with `lockstep`, per team of groups), all side by side and spread over the GPUs when there are several;
     beside them, in a quarter of the slots, the untrained checkpoints are made and the runs trained before but not
     evaluated are evaluated. Each run is evaluated as soon as its checkpoint exists, so a sweep stopped midway keeps
-    every result it finished. Prints and saves the stage times."""
+    every result it finished. With `eval_cpu`, a BERT-small run whose group ends while others have yet to train is
+    evaluated on the CPU: evaluations on the GPU share it with the training by time slices (in the twenty-fifth
+    session's sweep a team beside the previous team's 14 evaluations and the next team's warm-up averaged about 61 ms
+    an update, against 52 later in its training, docs/benchmarks.md).
+    Prints and saves the stage times."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
     results.mkdir(parents=True, exist_ok=True)
-    stages, ready, untrained, commands, then = {}, [], [], [], {}
+    stages, ready, untrained, commands, then, then_beside = {}, [], [], [], {}, {}
     for run_id, seed in pending:
         run_dir = runs_dir / run_id / f"seed{seed}"
         evaluation = [list(map(str, evaluate_command(run_id, run_dir, data, preset)))]
@@ -214,12 +225,17 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
         else:
             commands.append(list(map(str, command + ["--log-file", run_dir / "train.log"])))
             then[tuple(commands[-1])] = evaluation
+            if eval_cpu and small_model(command):
+                then_beside[tuple(commands[-1])] = [list(map(str, evaluate_command(run_id, run_dir, data, preset,
+                                                                                  on_cpu=True)))]
     if dry_run:
         for command in ready + [c for pair in untrained for c in (pair[0], *pair[1])]:
             log("+ " + " ".join(command))
         for command in commands:
             log("+ " + " ".join(command))
             log("+ " + " ".join(then[tuple(command)][0]))
+            if tuple(command) in then_beside:
+                log("+ (while other groups train) " + " ".join(then_beside[tuple(command)][0]))
         return
     started, side_failed, training_failed = time.perf_counter(), [], threading.Event()
 
@@ -241,7 +257,7 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
             from fairseq_xmlm.packed_training import train_side_by_side
 
             train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then, compile=compile,
-                               lockstep=lockstep)
+                               lockstep=lockstep, then_beside=then_beside)
         stages["training_and_evaluation_s"] = time.perf_counter() - started
     except BaseException:
         training_failed.set()  # its untrained runs and evaluations stop too
@@ -335,6 +351,9 @@ def main(argv=None):
     parser.add_argument("--pack-lockstep", action="store_true",
                         help="--gpu-pack: train each BERT-base group in one process with small groups, each on a "
                              "CUDA stream of its own, one update of each a round (faster rounds, slower warm-up)")
+    parser.add_argument("--pack-eval-cpu", action="store_true",
+                        help="--gpu-pack: evaluate a BERT-small run on the CPU (niced, 2 threads) when its group "
+                             "ends while others have yet to train, so that the GPU is the training's alone")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
@@ -365,7 +384,7 @@ def main(argv=None):
                    if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
         slots = args.pack_slots or max(1, (os.cpu_count() or 2) // 2)
         run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, args.pack_max_group, args.dry_run,
-                       False if args.pack_eager else None, args.pack_lockstep)
+                       False if args.pack_eager else None, args.pack_lockstep, args.pack_eval_cpu)
     else:
         for run_id in ids:
             for seed in seeds:
