@@ -989,12 +989,16 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
           f"as fit in GPU memory ({len(devices or [0])} GPUs); progress in {logs}/", file=sys.stderr, flush=True)
     started = time.perf_counter()
     then, then_beside = then or {}, then_beside or {}
-    follow, follow_beside = ([[c for chunk in team for run in chunk
-                               for c in (beside and then_beside.get(tuple(run.argv)) or then.get(tuple(run.argv), []))]
-                              for team in teams] for beside in (False, True))
+
+    def follow_ups(beside):
+        """Each process's follow-ups: its runs' `then`, or their `then_beside` where a run has one."""
+        return [[c for chunk in team for run in chunk
+                 for c in (beside and then_beside.get(tuple(run.argv)) or then.get(tuple(run.argv), []))]
+                for team in teams]
+
     run_packed(processes, slots, logs, costs=[sum(map(estimated_gpu_bytes, team)) for team in teams],
-               capacity=capacity, devices=devices, then=follow,
-               exclusive=[fills_gpu(team[0]) and not cuda_graphs for team in teams], then_beside=follow_beside)
+               capacity=capacity, devices=devices, then=follow_ups(False),
+               exclusive=[fills_gpu(team[0]) and not cuda_graphs for team in teams], then_beside=follow_ups(True))
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 

@@ -2,6 +2,7 @@
 import copy
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,6 +189,29 @@ def test_side_by_side_lockstep_trains_a_large_group_with_a_small_one_in_one_proc
     assert [p.name for p in (tmp_path / "pack" / "logs").iterdir()] == ["0.log"]
     for name in ("a", "b", "wide"):
         assert read_fairseq_log(tmp_path / name / "train.log", "train")[-1]["train_num_updates"] == 2
+
+
+def test_side_by_side_gives_each_process_its_runs_follow_ups(fake_english_data, tmp_path, monkeypatch):
+    """A process's follow-ups are its runs' `then`; for while others train, a run's `then_beside` where it has one
+    and its `then` where not."""
+    from fairseq_xmlm import gpu_pack
+
+    names = ("a", "wide")
+    commands = [command(fake_english_data, tmp_path, name, 1, *flags) for name, flags in
+                zip(names, [(), ("--encoder-layers", "1", "--encoder-embed-dim", "768")])]
+    seen = {}
+
+    def run_packed(processes, slots, logs, **options):
+        seen.update(options)
+        for process in processes:  # what each process would write
+            Path(process[process.index("--summary") + 1]).write_text("{}")
+
+    monkeypatch.setattr(gpu_pack, "run_packed", run_packed)
+    packed_training.train_side_by_side(commands, tmp_path / "pack",
+                                       then={tuple(c): [[f"gpu_{name}"]] for c, name in zip(commands, names)},
+                                       then_beside={tuple(commands[0]): [["cpu_a"]]})
+    # the wider model's process first
+    assert seen["then"] == [[["gpu_wide"]], [["gpu_a"]]] and seen["then_beside"] == [[["gpu_wide"]], [["cpu_a"]]]
 
 
 def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_english_data, tmp_path):
