@@ -63,9 +63,11 @@ def profile_group(group, schedules, args, device):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
-    first_loss = mean_loss(step())  # the fresh models'; the last timed step's shows that the kernels train
-    for _ in range(args.warmup - 1):
-        step()
+    first_loss = None  # the fresh models' (the first warm-up step's); the last timed step's shows that they train
+    for _ in range(args.warmup):
+        outputs = step()
+        if first_loss is None:
+            first_loss = mean_loss(outputs)
     synchronise(device)
     warmup_s = time.perf_counter() - started
     started, tokens = time.perf_counter(), 0

@@ -1,5 +1,5 @@
-"""benchmarks/pack_profile.py's rates, on the CPU with a stand-in group: a step's batch already sums its tokens over
-the stacked runs, so tokens/s counts each token once (it once counted them once per run)."""
+"""benchmarks/pack_profile.py's rates and losses, on the CPU with a stand-in group: a step's batch already sums its
+tokens over the stacked runs, so tokens/s counts each token once (it once counted them once per run)."""
 import os
 import sys
 import time
@@ -12,20 +12,22 @@ import pack_profile  # noqa: E402
 
 
 class TwoRunGroup:
-    """PackedGroup's step interface: the batch's last field is its real tokens, summed over the runs."""
+    """PackedGroup's step interface: summed losses and target counts per run, then the batch, whose last field is
+    its real tokens, summed over the runs."""
 
     def step(self, batches):
         time.sleep(0.01)
-        return None, None, (sum(batches),)
+        return torch.tensor([2.0, 6.0]), torch.tensor([1, 2]), (sum(batches),)
 
 
 def test_tokens_per_second_counts_each_token_once():
-    schedules = [[10, 20], [30, 40]]  # run 0's and run 1's batch sizes, in tokens: 40 + 60 over two steps
-    args = Namespace(warmup=0, steps=2, profile_steps=1)
+    schedules = [[10, 20], [30, 40]]  # run 0's and run 1's batch sizes, in tokens
+    args = Namespace(warmup=1, steps=2, profile_steps=1)
     result, _ = pack_profile.profile_group(TwoRunGroup(), schedules, args, torch.device("cpu"))
     assert result["stacked"] == 2
-    # 100 tokens in the time of 4 run-updates
+    # timed: batches 1 and 0 (after the warm-up's 0), 60 + 40 tokens in the time of 4 run-updates
     assert abs(result["tokens_per_s"] / result["run_updates_per_s"] - 100 / 4) < 0.5
+    assert result["loss_first_step"] == result["loss_last_timed_step"] == 2.5  # the mean of 2 / 1 and 6 / 2
 
 
 def test_kernel_table_lists_every_kernel_per_step_longest_first(tmp_path):
