@@ -36,9 +36,9 @@ _VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
 @triton.jit
-def _head_at(row, head, span, width, BLOCK: tl.constexpr, HEAD: tl.constexpr):
-    """Offsets (BLOCK, HEAD) of this head's columns for the row's tokens in a (tokens, width) row-major tensor."""
-    return (row * span + tl.arange(0, BLOCK))[:, None] * width + head * HEAD + tl.arange(0, HEAD)[None, :]
+def _head_at(rows, head, width, HEAD: tl.constexpr):
+    """Offsets (len(rows), HEAD) of this head's columns in `rows` of a (rows, width) row-major tensor."""
+    return rows[:, None] * width + head * HEAD + tl.arange(0, HEAD)[None, :]
 
 
 @triton.jit
@@ -56,10 +56,9 @@ def _scores(qkv, bias, code, row, head, span, dim, tokens_per_model, scale, BLOC
     (other sentence, padding, or past the row's `span` tokens)."""
     token = tl.arange(0, BLOCK)
     inside = token < span
-    at = _head_at(row, head, span, 3 * dim, BLOCK, HEAD)
+    at = _head_at(row * span + token, head, 3 * dim, HEAD)
     # a row may hold the last sentences of one model and the first of the next: each token takes its model's bias
-    model = (row * span + token) // tokens_per_model
-    model_at = model[:, None] * (3 * dim) + head * HEAD + tl.arange(0, HEAD)[None, :]
+    model_at = _head_at((row * span + token) // tokens_per_model, head, 3 * dim, HEAD)
     q = _with_bias(qkv, bias, at, model_at, inside[:, None])
     k = _with_bias(qkv, bias, at + dim, model_at + dim, inside[:, None])
     v = _with_bias(qkv, bias, at + 2 * dim, model_at + 2 * dim, inside[:, None])
@@ -112,7 +111,7 @@ def _attention_forward_kernel(qkv, bias, code, seed_at, out, lse, kept, span, he
         tl.store(_kept_at(kept, program, span, BLOCK), tl.sum(bits, 2), mask=inside[:, None])
         p = tl.where(keep, p * rescale, 0.0)
     o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    tl.store(out + _head_at(row, head, span, dim, BLOCK, HEAD), o.to(out.dtype.element_ty), mask=inside[:, None])
+    tl.store(out + _head_at(row * span + token, head, dim, HEAD), o.to(out.dtype.element_ty), mask=inside[:, None])
 
 
 @triton.jit
@@ -126,7 +125,7 @@ def _attention_backward_kernel(qkv, bias, code, out, lse, kept, grad_out, grad_q
     token = tl.arange(0, BLOCK)
     inside = (token < span)[:, None]
     p = tl.exp2(s - tl.load(lse + program * span + token, mask=token < span, other=0.0)[:, None])
-    at = _head_at(row, head, span, dim, BLOCK, HEAD)
+    at = _head_at(row * span + token, head, dim, HEAD)
     do = tl.load(grad_out + at, mask=inside, other=0.0)
     o = tl.load(out + at, mask=inside, other=0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # gradient of the dropped probabilities
