@@ -5,8 +5,9 @@
 # /tmp/sweep, with inductor's caches emptied first (a cold machine); `wait` follows it for at most WAIT_SECONDS
 # (default 570) and prints its progress and the GPU's mean utilisation so far (sampled every 10 s, $OUT/gpu.csv);
 # once it has ended, `wait` prints its wall time and exit status and sends the results folder back without
-# checkpoints as $OUT/dufter.tgz. Chain the calls on one warm machine, as in docs/benchmarks.md (twentieth and
-# twenty-first sessions).
+# checkpoints and logs as $OUT/dufter.tgz; every `wait` sends the processes' logs without library chatter as
+# $OUT/lines.tgz. Chain the calls on one warm machine, as in docs/benchmarks.md (twentieth, twenty-first and
+# twenty-sixth sessions).
 #
 #   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"];
 #   commands: bash benchmarks/dufter_sweep_detached.sh start, then bash benchmarks/dufter_sweep_detached.sh wait
@@ -16,7 +17,9 @@ sweep=/tmp/sweep
 results=$sweep/results/dufter
 case "${1:-}" in
 start)
+    installing=$SECONDS
     source .whl/install_on_device.sh || exit 1
+    echo "sweep: the install took $(( SECONDS - installing )) s"
     [ -e "$sweep" ] && { echo "sweep: $sweep exists (started before on this machine)"; exit 1; }
     mkdir -p "$sweep" && cp -a fairseq_xmlm examples benchmarks data-bin "$sweep"/ &&
         mkdir -p "$results" && cp results/dufter/knn_table.pt "$results"/ || exit 1
@@ -45,11 +48,18 @@ wait)
         END {if (n) printf "GPU busy %.0f %% on average over %d samples\n", u / n, n}' "$sweep/gpu.csv"
     tail -1 "$sweep/gpu.csv"
     cp "$sweep/gpu.csv" "$OUT"/
+    # every process's lines without fairseq's and inductor's chatter: small enough to come back (16 MiB a file)
+    # also from a sweep cut short, to lay its processes side by side by their clock times
+    rm -rf /tmp/sweep_lines && mkdir /tmp/sweep_lines &&
+        for log in "$sweep/recipe.log" "$results"/pack/logs/*.log; do
+            [ -e "$log" ] && grep -v -E "^(DEBUG|INFO|WARNING):" "$log" > /tmp/sweep_lines/"${log##*/}"
+        done
+    tar czf "$OUT/lines.tgz" -C /tmp sweep_lines
     if [ -e "$sweep/ended" ]; then
         read -r status ended < "$sweep/ended"
         echo "sweep: ended with exit $status after $(( ended - $(cat "$sweep/started") )) s"
         cp "$sweep/recipe.log" "$OUT"/
-        tar czf "$OUT/dufter.tgz" --exclude='*.pt' -C "$sweep" results/dufter
+        tar czf "$OUT/dufter.tgz" --exclude='*.pt' --exclude=pack/logs -C "$sweep" results/dufter
     else
         echo "sweep: running for $(( $(date +%s) - $(cat "$sweep/started") )) s; call wait again"
     fi

@@ -37,7 +37,8 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     `then[i]` (optional) lists commands to run as soon as command i has succeeded (an evaluation of what it
     trained): they go ahead of the queue, cost nothing, and their times follow the others' in the result.
     `then_beside[i]` (optional), where not empty, replaces `then[i]` when, as command i ends, others of `commands`
-    are still running or queued: an evaluation on the CPU, leaving the GPU to the training still going.
+    are still running or queued: an evaluation on the CPU, leaving the GPU to the training still going. These queue
+    behind the commands not yet started (docs/benchmarks.md, twenty-sixth session).
 
     With `costs` (one number per command, e.g. its estimated GPU memory) and `capacity`, a run starts only while
     the costs of the running ones plus its own fit in `capacity` (a run alone always starts); commands start in
@@ -101,7 +102,10 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
                     commands += follow_ups
                     costs += [0] * len(follow)
                     exclusive += [False] * len(follow)
-                    pending[:0] = follow
+                    if beside:  # behind the commands yet to start, which would otherwise wait out a wave of them
+                        pending += follow
+                    else:
+                        pending[:0] = follow
             time.sleep(poll_s)
         stopped = bool(pending or running)  # the loop ended before them: SIGTERM or stop()
         for process, _, _, _ in running.values():  # only when stopped: pass SIGTERM on, let them save their state

@@ -37,6 +37,7 @@ Ctrl-C or --time-limit suspend the group at the next step: it saves its whole st
 and rerunning the same commands resumes it to the result an uninterrupted run gives.
 """
 import argparse
+import errno
 import fcntl
 import json
 import math
@@ -793,9 +794,9 @@ def grouped(runs, max_group, max_bytes=None):
 
 
 def take_gpu(lock_path, stop, label):
-    """Wait until this process holds `lock_path` (an exclusive flock, one file per set of visible GPUs), checking
-    `stop()` meanwhile; returns the open lock file (closing it lets the next process in), or None when stopped."""
-    return take_lock(f"{lock_path}.{visible_gpus()}", stop, f"{label}: waiting for the GPU")
+    """Wait until this process holds `lock_path` (one file per set of visible GPUs, see `take_lock`), checking
+    `stop()` meanwhile; returns the held lock (closing it lets the next process in), or None when stopped."""
+    return take_lock(f"{lock_path}.{visible_gpus()}", stop, label, "the GPU", "waiting for the GPU")
 
 
 def take_warm_up(lock_path, chunks, stop, label):
@@ -804,8 +805,8 @@ def take_warm_up(lock_path, chunks, stop, label):
     on several GPUs the first group of each still warms up at once."""
     shape = "+".join(f"{len(c)}x{c[0].cfg.model.encoder_layers}x{c[0].cfg.model.encoder_embed_dim}x"
                      f"{c[0].cfg.model.encoder_ffn_embed_dim}x{c[0].cfg.model.encoder_attention_heads}" for c in chunks)
-    return take_lock(f"{lock_path}.{visible_gpus()}.{shape}", stop,
-                     f"{label}: waiting to warm up after the other group of its shape")
+    return take_lock(f"{lock_path}.{visible_gpus()}.{shape}", stop, label, "the warm-up turn of its shape",
+                     "waiting to warm up after the other group of its shape")
 
 
 def visible_gpus():
@@ -813,20 +814,42 @@ def visible_gpus():
     return os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_")
 
 
-def take_lock(path, stop, waiting_line):
-    """Wait until this process holds `path` (an exclusive flock), checking `stop()` meanwhile and printing
-    `waiting_line` once if it has to wait; returns the open lock file (closing it lets the next process in), or None
-    when stopped."""
-    lock, waiting = open(path, "a"), False
+class HeldLock:
+    """A lock file this process holds, as a POSIX record lock (`fcntl.lockf`). Such a lock belongs to the process,
+    not to the open file: a child process that inherited the descriptor (anything forked while it was held) does
+    not keep it after `close()`, as it would keep an flock. Taking and letting go are logged with the clock, so that
+    a sweep's logs show who held what when (docs/benchmarks.md, twenty-sixth session: in a 5-seed sweep a process
+    waited 7 minutes or more for a warm-up turn that should have been free, for a reason not found)."""
+
+    def __init__(self, file, label, what):
+        self.file, self.label, self.what = file, label, what
+        print(f"{label}: took {what} at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
+
+    @property
+    def closed(self):
+        return self.file.closed
+
+    def close(self):
+        if not self.file.closed:
+            self.file.close()  # closing any descriptor of the file ends this process's record locks on it
+            print(f"{self.label}: let go of {self.what} at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
+
+
+def take_lock(path, stop, label, what, waiting):
+    """Wait until this process holds `path` (an exclusive record lock, `HeldLock`), checking `stop()` meanwhile and
+    printing "`label`: `waiting` (path) at time" once if it has to wait; returns the `HeldLock` (closing it lets the
+    next process in), or None when stopped."""
+    lock, waited = open(path, "a"), False
     while True:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return lock
-        except BlockingIOError:
-            pass
-        if not waiting:
-            print(f"{waiting_line} ({path}) at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
-            waiting = True
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return HeldLock(lock, label, what)
+        except OSError as error:  # held elsewhere: EAGAIN or EACCES, as the system reports it
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if not waited:
+            print(f"{label}: {waiting} ({path}) at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
+            waited = True
         if stop():
             lock.close()
             return None
@@ -1015,7 +1038,7 @@ def main(argv=None):
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay each batch shape's whole update as a CUDA graph (GPU only)")
     parser.add_argument("--gpu-lock", help="train a group past its first epoch only while holding this lock file "
-                        "(flock): processes take turns on the GPU")
+                        "(a record lock): processes take turns on the GPU")
     parser.add_argument("--warm-up-lock", help="train a group's first epoch (compiling) only while holding this lock "
                         "file, one per model shape and GPU: processes of one shape compile one after another")
     parser.add_argument("--lockstep", action="store_true",

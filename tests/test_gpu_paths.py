@@ -282,15 +282,16 @@ def test_run_packed_runs_follow_ups_of_successful_runs_first(tmp_path):
 
 def test_run_packed_runs_the_beside_follow_ups_while_other_runs_remain(tmp_path):
     """then_beside[i] replaces then[i] when run i ends while other runs are running or queued (an evaluation on the
-    CPU while training goes on); the last run's follow-ups are then[i]."""
+    CPU while training goes on), and queues behind the runs yet to start; the last run's follow-ups are then[i]."""
     def printing(label):
-        return [sys.executable, "-c", f"print('{label}')"]
+        return [sys.executable, "-c", f"import time;print('{label}', time.time())"]
 
-    run_packed([printing("train_a"), printing("train_b")], slots=1, log_dir=tmp_path, poll_s=0.02,
-               then=[[printing("gpu_eval_a")], [printing("gpu_eval_b")]],
-               then_beside=[[printing("cpu_eval_a")], [printing("cpu_eval_b")]])
-    assert sorted(p.read_text().strip() for p in tmp_path.glob("*.log")) == ["cpu_eval_a", "gpu_eval_b", "train_a",
-                                                                             "train_b"]
+    run_packed([printing("train_a"), printing("train_b"), printing("train_c")], slots=1, log_dir=tmp_path,
+               poll_s=0.02, then=[[printing("gpu_eval_a")], [printing("gpu_eval_b")], [printing("gpu_eval_c")]],
+               then_beside=[[printing("cpu_eval_a")], [printing("cpu_eval_b")], [printing("cpu_eval_c")]])
+    started = dict(p.read_text().split() for p in tmp_path.glob("*.log"))
+    assert sorted(started, key=lambda label: float(started[label])) == ["train_a", "train_b", "train_c",
+                                                                        "gpu_eval_c", "cpu_eval_a", "cpu_eval_b"]
 
 
 def test_run_packed_passes_sigterm_on_and_stops(tmp_path):

@@ -1,7 +1,12 @@
 """Packed training (many Fake-English runs as one stacked model) against fairseq's own Trainer, on real batches."""
 import copy
 import json
+import multiprocessing
 import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -275,19 +280,52 @@ def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, 
     assert not torch.allclose(logits[0], eager.masked_logits(inputs, langs, positions), atol=1e-3)
 
 
-def test_gpu_lock_waits_for_its_holder_and_gives_up_when_stopped(tmp_path, monkeypatch, capsys):
-    import fcntl
+HOLD_LOCK = ("import fcntl,sys\nf=open(sys.argv[1],'a')\ntry: fcntl.lockf(f,fcntl.LOCK_EX|fcntl.LOCK_NB)\n"
+             "except OSError: sys.exit(print('busy'))\nprint('held',flush=True)\ninput()")
 
+
+def held_elsewhere(path):
+    """Another process holding the lock file `path`, which it finds free (record locks do not exclude within one
+    process), until its stdin closes."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def let_go(holder):
+    holder.stdin.close()
+    holder.wait()
+
+
+def test_gpu_lock_waits_for_its_holder_and_gives_up_when_stopped(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    held = open(tmp_path / "gpu.lock.0_1", "a")
-    fcntl.flock(held, fcntl.LOCK_EX)  # another process's group is training
+    holder = held_elsewhere(tmp_path / "gpu.lock.0_1")  # another process's group is training
     calls = []
     assert packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: calls.append(1) or len(calls) > 2, "g") is None
     assert len(calls) == 3 and "g: waiting for the GPU" in capsys.readouterr().err
-    held.close()
+    let_go(holder)
     lock = packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: True, "g")
     assert lock is not None  # free: taken at once, even when asked to stop
     lock.close()
+    assert lock.closed and re.fullmatch(r"g: took the GPU at \d\d:\d\d:\d\d\ng: let go of the GPU at \d\d:\d\d:\d\d\n",
+                                        capsys.readouterr().err)
+
+
+def test_a_lock_let_go_is_free_although_a_child_forked_while_it_was_held_lives_on(tmp_path, monkeypatch):
+    """A process that forks while it holds a lock (a compile worker, say) and then lets the lock go has let it go:
+    the child's inherited descriptor does not keep it, as it would keep an flock."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    lock = packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: True, "g")
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    child.start()
+    try:
+        lock.close()
+        holder = held_elsewhere(tmp_path / "gpu.lock.all")  # busy until the child's end with an flock
+        let_go(holder)
+    finally:
+        child.terminate()
+        child.join()
 
 
 def test_bad_commands(fake_english_data, tmp_path, capsys):
@@ -435,13 +473,10 @@ def test_group_warms_up_in_its_turn_and_lets_the_next_one_in_after_its_first_epo
 
 
 def test_warm_up_lock_is_one_per_model_shape_and_gpu(fake_english_data, tmp_path, monkeypatch, capsys):
-    import fcntl
-
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, 1, *flags))
             for name, flags in (("a", ()), ("b", ("--encoder-embed-dim", "64")))]
-    held = open(tmp_path / "warm.lock.1.1x2x32x64x2", "a")
-    fcntl.flock(held, fcntl.LOCK_EX)  # another process of runs[0]'s shape is warming up
+    holder = held_elsewhere(tmp_path / "warm.lock.1.1x2x32x64x2")  # another process of runs[0]'s shape warms up
     calls = []
     assert packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: calls.append(1) or True,
                                         "g") is None
@@ -453,7 +488,7 @@ def test_warm_up_lock_is_one_per_model_shape_and_gpu(fake_english_data, tmp_path
     lock = packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: True, "g")
     assert lock is not None  # the same shape on another GPU: no wait either
     lock.close()
-    held.close()
+    let_go(holder)
 
 
 def test_cli_time_limit_suspends_and_a_rerun_finishes(fake_english_data, tmp_path, capsys):
