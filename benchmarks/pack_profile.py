@@ -16,12 +16,24 @@ Real batches of epoch 1, in fairseq's order. Writes OUT/pack_profile.json and, p
 operator table by host time (.txt), every kernel's ms and launches per step (_kernels.tsv) and, with --trace, the
 profiled steps' timeline (.trace.json.gz, chrome://tracing or Perfetto). With --plugin DIR the runs use another
 fairseq_xmlm tree (an earlier commit, to compare in the same call); --inductor KEY=VALUE sets inductor's options
-(max_autotune=True: matrix-product templates with fused epilogues). Not a test.
+(max_autotune=True: matrix-product templates with fused epilogues). With --beside COMMAND (repeatable) the --steps
+are timed again while those shell commands run, e.g. what the 5-seed sweep runs beside a training team (docs/
+benchmarks.md, twenty-sixth session: teams 10-40 % slower there than alone):
+
+    python3 examples/dufter/run.py full --ids 18 --seeds 1   # an untrained BERT-small checkpoint, and its eval
+    CK=results/dufter/runs/18/seed0/checkpoints/checkpoint_untrained.pt
+    EVAL="nice -n 19 env OMP_NUM_THREADS=2 python3 -m fairseq_xmlm.evaluation.eval_mult $CK \
+        --data data-bin/fake_english --device cpu"
+    python3 benchmarks/pack_profile.py --groups 15,16,17 --variants compile_graphs --warmup 75 --steps 300 \
+        --beside "$EVAL" --beside "$EVAL" ... --out OUT/beside
+
+Not a test.
 """
 import argparse
 import ast
 import gzip
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,13 +82,9 @@ def profile_group(group, schedules, args, device):
             first_loss = mean_loss(outputs)
     synchronise(device)
     warmup_s = time.perf_counter() - started
-    started, tokens = time.perf_counter(), 0
-    for _ in range(args.steps):
-        outputs = step()
-        tokens += outputs[2][-1]
-    synchronise(device)
-    wall = time.perf_counter() - started
+    wall, tokens, outputs = time_steps(step, args.steps, device)
     last_loss = mean_loss(outputs)
+    beside = time_beside(step, args, device) if getattr(args, "beside", None) else {}
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch.profiler.profile(activities=activities) as profiler:
@@ -100,8 +108,34 @@ def profile_group(group, schedules, args, device):
         "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if device.type == "cuda" else None,
         "kernel_ms_per_step_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top_kernels_ms_per_step": {k[:120]: round(v / 1e3 / args.profile_steps, 3)
-                                    for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:25]}}
+                                    for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:25]}, **beside}
     return result, profiler
+
+
+def time_steps(step, count, device):
+    """`count` steps, synchronised: (wall seconds, their real tokens, the last step's outputs)."""
+    started, tokens = time.perf_counter(), 0
+    for _ in range(count):
+        outputs = step()
+        tokens += outputs[2][-1]
+    synchronise(device)
+    return time.perf_counter() - started, tokens, outputs
+
+
+def time_beside(step, args, device):
+    """--steps more steps while the --beside commands run (started --beside-after seconds before, then waited for):
+    ms per step beside them, how many were still running when the steps ended (all: timed beside all of them all
+    the way), and their exit codes."""
+    others = [subprocess.Popen(["bash", "-c", command]) for command in args.beside]
+    try:
+        time.sleep(args.beside_after)
+        wall, _, _ = time_steps(step, args.steps, device)
+        running = sum(other.poll() is None for other in others)
+    finally:
+        codes = [other.wait() for other in others]
+    return {"beside": args.beside, "beside_after_s": args.beside_after,
+            "ms_per_step_beside": round(1e3 * wall / args.steps, 2), "beside_running_at_end": running,
+            "beside_exit_codes": codes}
 
 
 def write_kernel_table(events, steps, path):
@@ -124,6 +158,11 @@ def report(result, ids, variant):
           f"which kernels {result['kernel_ms_per_step']} ms; peak GPU memory {result['peak_gpu_gb']} GB"
           + (f"; {result['cuda_graphs']} CUDA graphs captured in {result['capture_s']}s" if result["cuda_graphs"]
              else ""), flush=True)
+    if "beside" in result:
+        print(f"[pack_profile]   beside {len(result['beside'])} commands (started {result['beside_after_s']}s before "
+              f"the steps; {result['beside_running_at_end']} still running at their end; exit codes "
+              f"{result['beside_exit_codes']}): {result['ms_per_step_beside']} ms/step, "
+              f"{result['ms_per_step'] / result['ms_per_step_beside']:.3f} of the rate alone", flush=True)
     for kind, ms in result["kernel_ms_per_step_by_kind"].items():
         print(f"[pack_profile]   {ms:7.2f} ms  {kind}", flush=True)
     for name, ms in list(result["top_kernels_ms_per_step"].items())[:8]:
@@ -147,6 +186,11 @@ def main():
     parser.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                         help="set torch._inductor.config.KEY (a Python literal, else a string) before anything "
                              "compiles, e.g. max_autotune=True; repeatable")
+    parser.add_argument("--beside", action="append", default=[], metavar="COMMAND",
+                        help="time --steps more steps while this shell command runs (e.g. an evaluation on the "
+                             "CPU, as the sweep runs them beside a training team); repeatable, all run at once")
+    parser.add_argument("--beside-after", type=float, default=10.0, metavar="SECONDS",
+                        help="start the timed steps this long after the --beside commands (their start-up)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     for setting in args.inductor:

@@ -30,6 +30,17 @@ def test_tokens_per_second_counts_each_token_once():
     assert result["loss_first_step"] == result["loss_last_timed_step"] == 2.5  # the mean of 2 / 1 and 6 / 2
 
 
+def test_steps_beside_commands_are_timed_while_they_run(tmp_path):
+    """--beside: the commands start before the second timing of the steps and are waited for; the result says
+    whether they ran all the way beside those steps, and how they ended."""
+    marker = tmp_path / "ran"
+    args = Namespace(warmup=1, steps=3, profile_steps=1, beside_after=0.0, beside=[f"sleep 2; touch {marker}; exit 3"])
+    result, _ = pack_profile.profile_group(TwoRunGroup(), [[10, 20], [30, 40]], args, torch.device("cpu"))
+    assert marker.exists()  # waited for
+    assert result["beside_running_at_end"] == 1  # three 10 ms steps end well inside its 2 s
+    assert result["beside_exit_codes"] == [3] and result["ms_per_step_beside"] > 0
+
+
 def test_kernel_table_lists_every_kernel_per_step_longest_first(tmp_path):
     def kernel(name, us):
         return Namespace(name=name, device_time=us, device_type=torch.autograd.DeviceType.CUDA,
