@@ -819,7 +819,7 @@ class HeldLock:
     not to the open file: a child process that inherited the descriptor (anything forked while it was held) does
     not keep it after `close()`, as it would keep an flock. Taking and letting go are logged with the clock, so that
     a sweep's logs show who held what when (docs/benchmarks.md, twenty-sixth session: in a 5-seed sweep a process
-    waited 7 minutes or more for a warm-up turn that should have been free, for a reason not found)."""
+    was still waiting to warm up 7 minutes after the turn's holder had warmed up, for a reason not found)."""
 
     def __init__(self, file, label, what):
         self.file, self.label, self.what = file, label, what
