@@ -84,7 +84,7 @@ def profile_group(group, schedules, args, device):
     warmup_s = time.perf_counter() - started
     wall, tokens, outputs = time_steps(step, args.steps, device)
     last_loss = mean_loss(outputs)
-    beside = time_beside(step, args, device) if getattr(args, "beside", None) else {}
+    beside = time_beside(step, args, device) if args.beside else {}
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch.profiler.profile(activities=activities) as profiler:

@@ -22,7 +22,7 @@ class TwoRunGroup:
 
 def test_tokens_per_second_counts_each_token_once():
     schedules = [[10, 20], [30, 40]]  # run 0's and run 1's batch sizes, in tokens
-    args = Namespace(warmup=1, steps=2, profile_steps=1)
+    args = Namespace(warmup=1, steps=2, profile_steps=1, beside=[])
     result, _ = pack_profile.profile_group(TwoRunGroup(), schedules, args, torch.device("cpu"))
     assert result["stacked"] == 2
     # timed: batches 1 and 0 (after the warm-up's 0), 60 + 40 tokens in the time of 4 run-updates
