@@ -11,14 +11,15 @@
 #
 #   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"];
 #   commands: bash benchmarks/dufter_sweep_detached.sh start, then bash benchmarks/dufter_sweep_detached.sh wait
-#   (PACK_ARGS='--pack-lockstep --pack-eval-cpu' before `start` adds the recipe's options)
+#   (PACK_ARGS='--pack-lockstep --pack-eval-cpu' before `start` adds the recipe's options; SWEEP_PRESET=quick runs
+#   the recipe's 3-epoch preset instead of the paper's 100 epochs, to try the whole schedule in minutes)
 set -u
 sweep=/tmp/sweep
 results=$sweep/results/dufter
 case "${1:-}" in
 start)
     installing=$SECONDS
-    source .whl/install_on_device.sh || exit 1
+    source benchmarks/install_quick.sh && source .whl/install_on_device.sh || exit 1
     echo "sweep: the install took $(( SECONDS - installing )) s"
     [ -e "$sweep" ] && { echo "sweep: $sweep exists (started before on this machine)"; exit 1; }
     mkdir -p "$sweep" && cp -a fairseq_xmlm examples benchmarks data-bin "$sweep"/ &&
@@ -30,10 +31,11 @@ start)
     # the GPU's utilisation and memory every 10 s, for the whole sweep (it ends with the machine)
     setsid nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 10 > gpu.csv \
         2>/dev/null < /dev/null &
-    setsid bash -c 'date +%s > started; python3 examples/dufter/run.py full --seeds 5 --gpu-pack $PACK_ARGS \
+    export SWEEP_PRESET=${SWEEP_PRESET:-full}
+    setsid bash -c 'date +%s > started; python3 examples/dufter/run.py $SWEEP_PRESET --seeds 5 --gpu-pack $PACK_ARGS \
         --results results/dufter > recipe.log 2>&1; echo "$? $(date +%s)" > ended' < /dev/null > /dev/null 2>&1 &
     sleep 5
-    echo "sweep: started at $(date -u +%H:%M:%S) UTC in $sweep ${PACK_ARGS}"
+    echo "sweep: $SWEEP_PRESET started at $(date -u +%H:%M:%S) UTC in $sweep ${PACK_ARGS}"
     ;;
 wait)
     for _ in $(seq "$(( ${WAIT_SECONDS:-570} / 5 ))"); do

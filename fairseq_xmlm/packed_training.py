@@ -41,6 +41,7 @@ import errno
 import fcntl
 import json
 import math
+import multiprocessing
 import os
 import pickle
 import shlex
@@ -48,6 +49,7 @@ import signal
 import sys
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from itertools import islice
 
@@ -139,6 +141,24 @@ def parse_run(argv):
     if cfg.model.sep_emb or cfg.model.sep_layers:
         raise XmlmError("packed training supports shared embeddings and layers only (no --sep-emb / --sep-layers)")
     return Run(argv, cfg)
+
+
+PARSES_PER_WORKER = 16  # a fresh process first imports torch and fairseq: about as long as 16 parses take
+
+
+def parse_runs(commands, workers=None):
+    """`parse_run` of every command, in order. fairseq's parser and hydra's composition take about 0.3 s a command
+    on the GPU machine: the 5-seed sweep's 80 took about 25 s before its first training process started
+    (docs/benchmarks.md, twenty-seventh session). So with many commands they are parsed in a pool of fresh
+    processes (`workers`, default: one per PARSES_PER_WORKER commands, at most half the cores); an error is raised
+    here as in the pool."""
+    if workers is None:
+        workers = min(len(commands) // PARSES_PER_WORKER, (os.cpu_count() or 1) // 2)
+    if workers < 2:
+        return [parse_run(argv) for argv in commands]
+    # spawned, not forked: the caller may have threads (the recipe's) and the GPU open
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(parse_run, commands, chunksize=-(-len(commands) // workers)))
 
 
 def epoch_batches(run, epoch):
@@ -868,7 +888,7 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     check_cuda_graphs(cuda_graphs, device)  # before the runs are built
     stop = stop or (lambda: False)
-    runs = [parse_run(argv) for argv in commands]
+    runs = parse_runs(commands)
     pending = [run for run in runs if not run.done()]
     for run in runs:
         if run.done():
@@ -990,7 +1010,7 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     # compiled, the processes of one model shape warm up one after another: the later ones find the layers in
     # inductor's cache (docs/benchmarks.md, twenty-first session)
     locks += ["--warm-up-lock", os.path.join(os.path.abspath(workdir), "warm-up.lock")] if compile else []
-    chunks = grouped([parse_run(command) for command in commands], max_group, capacity and 0.6 * capacity)
+    chunks = grouped(parse_runs(commands), max_group, capacity and 0.6 * capacity)
     # the longest groups (larger models, more runs) first, so none is left to run alone at the end
     chunks.sort(key=lambda chunk: (-chunk[0].cfg.model.encoder_embed_dim, -len(chunk)))
     teams = lockstep_teams(chunks) if lockstep else [[chunk] for chunk in chunks]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from conftest import REPO, expect_cli_error
 from fairseq_xmlm import packed_training
 from fairseq_xmlm.checkpoints import load_checkpoint
+from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.evaluation.figures import read_fairseq_log
 from fairseq_xmlm.stacked_encoder import (StackedEncoder, attention_code, attention_mask, layer_function,
                                           sentences_per_row)
@@ -217,6 +218,22 @@ def test_side_by_side_gives_each_process_its_runs_follow_ups(fake_english_data, 
                                        then_beside={tuple(commands[0]): [["cpu_a"]]})
     # the wider model's process first
     assert seen["then"] == [[["gpu_wide"]], [["gpu_a"]]] and seen["then_beside"] == [[["gpu_wide"]], [["cpu_a"]]]
+
+
+def test_parse_runs_in_a_pool_gives_what_parsing_one_by_one_gives(fake_english_data, tmp_path):
+    """`parse_runs` in fresh processes: each command's argv and config as `parse_run` gives them, in order; a
+    refused command fails with its own error."""
+    from omegaconf import OmegaConf
+
+    commands = [command(fake_english_data, tmp_path, f"r{i}", seed, *flags)
+                for i, (seed, flags) in enumerate([(1, ()), (2, ("--lang-pos",)), (3, ("--no-random",))])]
+    pooled = packed_training.parse_runs(commands, workers=2)
+    alone = [packed_training.parse_run(c) for c in commands]
+    assert [run.argv for run in pooled] == commands
+    assert [OmegaConf.to_yaml(run.cfg) for run in pooled] == [OmegaConf.to_yaml(run.cfg) for run in alone]
+    refused = command(fake_english_data, tmp_path, "accumulating", 1, "--update-freq", "2")
+    with pytest.raises(XmlmError, match=r"packed training needs --batch-size \(no --max-tokens, no --update-freq\)"):
+        packed_training.parse_runs(commands[:1] + [refused], workers=2)
 
 
 def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_english_data, tmp_path):
