@@ -7,7 +7,8 @@
 #   gpu3  3 evaluations of an untrained BERT-base checkpoint on the GPU (a team's overparam runs), three after
 #         another in each of 3 slots
 #   warm  another process warming up a BERT-base group (its layers from inductor's cache, its CUDA graphs
-#         captured), as the next team does beside the one training
+#         captured), as the next team does beside the one training; timed over 900 steps (about 30 s) from 10 s
+#         after its start, so that its first epoch on the GPU falls inside them
 # and, beside nothing:
 #   tail  what --pack-eval-cpu leaves for the sweep's end: 15 BERT-base evaluations held back while groups trained
 #         (3 overparam runs x 5 seeds) and the last team's 11 BERT-small ones, all on the GPU through gpu_pack, 8 at
@@ -55,7 +56,7 @@ for name in small base; do
 done
 profile="python3 benchmarks/pack_profile.py --groups 15,16,17 --variants compile_graphs --warmup 75"
 for condition in "${conditions[@]}"; do
-    beside=()
+    beside=() steps=300
     case $condition in
     cpu8)
         command="nice -n 19 env OMP_NUM_THREADS=2 $(evaluation small --device cpu) > /dev/null 2>&1"
@@ -67,7 +68,7 @@ for condition in "${conditions[@]}"; do
         after=8 ;;
     warm)
         beside+=(--beside "$profile --steps 1 --profile-steps 1 --out /tmp/beside_warm > /dev/null 2>&1")
-        after=15 ;;
+        after=10 steps=900 ;;
     tail)
         { for _ in $(seq 15); do evaluation base; done; for _ in $(seq 11); do evaluation small; done; } \
             > "$out/tail_commands.txt"
@@ -79,6 +80,6 @@ for condition in "${conditions[@]}"; do
         echo "beside: unknown condition $condition (cpu8, gpu3, warm, tail)"; exit 2 ;;
     esac
     # shellcheck disable=SC2086
-    $profile --steps 300 --profile-steps 2 "${beside[@]}" --beside-after $after --out "$out/$condition" 2>&1 |
+    $profile --steps $steps --profile-steps 2 "${beside[@]}" --beside-after $after --out "$out/$condition" 2>&1 |
         grep "^\[pack_profile\]" | head -3
 done
