@@ -12,7 +12,7 @@
 #   own knn_table.pt is carried)
 set -u
 start=$SECONDS
-source .whl/install_on_device.sh || exit 1
+source benchmarks/install_quick.sh && source .whl/install_on_device.sh || exit 1
 results=${RESULTS:-results/dufter}
 mkdir -p "$results"
 log=$results/recipe.$(date +%Y%m%d-%H%M%S).log
