@@ -16,6 +16,8 @@
 # Before them (unless ALONE=0), one evaluation of each checkpoint alone on the GPU, with the time of each of its
 # parts. Untrained checkpoints stand in for trained ones: the same shapes, the same work.
 # With MPS=1 an MPS control daemon runs for the whole script, so that the processes share the GPU through it.
+# EVAL_ARGS adds options to every evaluation (EVAL_ARGS=--tf32: the recipe's GPU evaluations since the
+# twenty-eighth session).
 #
 #   bash benchmarks/beside_costs.sh OUT [CONDITION ...]      (default: cpu8 gpu3 warm; carry data-bin/fake_english
 #                                                            and results/dufter/knn_table.pt)
@@ -45,7 +47,8 @@ untrained base xmlm_bert_base 1e-4
 evaluation() {  # CHECKPOINT_NAME [eval_mult options]
     local name=$1
     shift
-    echo "python3 -m fairseq_xmlm.evaluation.eval_mult $checkpoints/$name/checkpoint_untrained.pt --data $data $*"
+    echo "python3 -m fairseq_xmlm.evaluation.eval_mult $checkpoints/$name/checkpoint_untrained.pt --data $data" \
+        "${EVAL_ARGS:-} $*"
 }
 for name in small base; do
     [ "${ALONE:-1}" = 0 ] && break

@@ -28,9 +28,9 @@ start)
     cd "$sweep" || exit 1
     export PYTHONPATH=/tmp/site:$sweep
     export PACK_ARGS=${PACK_ARGS:-}
-    # the GPU's utilisation and memory every 10 s, for the whole sweep (it ends with the machine)
-    setsid nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 10 > gpu.csv \
-        2>/dev/null < /dev/null &
+    # the GPU's utilisation, memory, clock and power every 10 s, for the whole sweep (it ends with the machine)
+    setsid nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,clocks.sm,power.draw --format=csv,noheader \
+        -l 10 > gpu.csv 2>/dev/null < /dev/null &
     export SWEEP_PRESET=${SWEEP_PRESET:-full}
     setsid bash -c 'date +%s > started; python3 examples/dufter/run.py $SWEEP_PRESET --seeds 5 --gpu-pack $PACK_ARGS \
         --results results/dufter > recipe.log 2>&1; echo "$? $(date +%s)" > ended' < /dev/null > /dev/null 2>&1 &

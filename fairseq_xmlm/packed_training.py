@@ -23,7 +23,8 @@ of the recipe). What each run gets is what fairseq-train would give it:
   `polynomial_decay` schedule exactly as fairseq's trainer steps it (update k uses the rate of update k-1, so the
   first update has rate 0), `--clip-norm` per run;
 - logs: fairseq's json records (`train` per epoch, `valid` at `--validate-interval-updates` through the task's
-  `valid_step` / `--eval-multilinguality` hook, `--max-valid-steps` batches), written to the run's `--log-file`;
+  `valid_step` / `--eval-multilinguality` hook, `--max-valid-steps` batches, computed beside the training by
+  `BackgroundValidation` and written once done), written to the run's `--log-file`;
 - checkpoint: `checkpoint_last.pt` in the run's `--save-dir`, saved by fairseq's Trainer, read by every tool.
 
 Differences, by design: the model computes in bf16 (a bf16 copy of the fp32 master weights, as fairseq's --fp16
@@ -49,7 +50,7 @@ import signal
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import nullcontext
 from itertools import islice
 
@@ -409,6 +410,42 @@ def validate(run, state_dict, epoch, updates, device):
     return {"epoch": epoch, **stats, "valid_num_updates": updates}
 
 
+class BackgroundValidation:
+    """`validate` on a thread of its own (on a GPU, also a CUDA stream of its own), one at a time, while the groups
+    train on. Inside the training loop each validation held up the whole team: an H200's BERT-base + BERT-small team
+    took 1.7-3.8 s longer for an epoch holding the curve runs' validations (IDs 0, 15, 30) than the 2.76 s of one
+    without, about 2 minutes of the 5-seed sweep (docs/benchmarks.md, twenty-eighth session).
+    The training never writes what a validation reads: the weights are a snapshot, a run's fairseq model and task
+    serve only its validations, and neither the valid batches nor their masks draw from numpy's global generator,
+    which the training thread's epoch shuffles use."""
+
+    def __init__(self, device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="validation")
+
+    def submit(self, run, state_dict, epoch, updates):
+        """A future of run's `valid` record with `state_dict`, a snapshot that nothing else writes."""
+        if self.stream is not None:  # the snapshot is made on the training thread's stream
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return self.pool.submit(self._validate, run, state_dict, epoch, updates)
+
+    def _validate(self, run, state_dict, epoch, updates):
+        if self.stream is None:
+            return validate(run, state_dict, epoch, updates, self.device)
+        with torch.cuda.stream(self.stream):
+            record = validate(run, state_dict, epoch, updates, self.device)
+        self.stream.synchronize()  # the snapshot's memory belongs to the training stream: freed once read
+        return record
+
+    def wait(self):
+        """Until every validation submitted so far has ended."""
+        self.pool.submit(lambda: None).result()
+
+    def close(self):
+        self.pool.shutdown(cancel_futures=True)
+
+
 def save_checkpoint(run, state_dict, epoch):
     """checkpoint_last.pt through fairseq's Trainer, so it reads like any fairseq-train checkpoint."""
     from fairseq.trainer import Trainer
@@ -478,6 +515,8 @@ class PackedGroup:
         self.graphs = {} if cuda_graphs else None
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.capture_seconds = 0.0
+        # called before a capture: the process's other threads must not use the GPU while a graph is captured
+        self.before_capture = None
 
     def step(self, indices):
         """One update of every run on its batch `indices[slot]`; returns (summed losses (N,), target counts (N,),
@@ -521,6 +560,8 @@ class PackedGroup:
         workspace per (handle, stream) and a graph's matrix products keep the one of the stream they were captured
         on: captured on torch's one default capture stream, two groups' graphs replayed at once on their streams
         wrote into the same workspace (NaN losses in bf16, docs/benchmarks.md, nineteenth session)."""
+        if self.before_capture is not None:
+            self.before_capture()
         started = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)  # the masking draws; dropout's default generator is known
@@ -549,13 +590,11 @@ class PackedGroup:
         if self.dropout_rng is not None and "dropout_rng_cuda" in state:  # absent when suspended on the CPU
             self.dropout_rng.set_state(state["dropout_rng_cuda"])
 
-    def validate_due(self, epoch, logs, final=False):
-        """`valid` records of the runs whose --validate-interval-updates falls on this update (or at the end)."""
-        for slot, (run, log, every) in enumerate(zip(self.runs, logs, self.validate_every)):
-            if every and (self.updates % every == 0) != final:
-                log.write(record_line("valid", validate(run, self.stacked.state_dict(slot), epoch, self.updates,
-                                                        self.device)))
-                log.flush()
+    def validations_due(self, final=False):
+        """The slots of the runs whose --validate-interval-updates falls on this update (at the end: whose does
+        not, so that every such run is validated at its last update)."""
+        return [slot for slot, every in enumerate(self.validate_every)
+                if every and (self.updates % every == 0) != final]
 
 
 def resume_path(runs):
@@ -616,15 +655,18 @@ def train_groups(chunks, device, precision="bf16", progress=None, stop=None, com
         os.makedirs(os.path.dirname(os.path.abspath(run.log_path)), exist_ok=True)
     streams = device.type == "cuda" and len(chunks) > 1
     members, turn, warming = [], [], []  # take_turn's lock, once given; take_warm_up's, while held
+    validations = BackgroundValidation(device)
     try:
         for chunk, report in zip(chunks, progress or [None] * len(chunks), strict=True):
-            members.append(GroupTraining(chunk, device, precision, compile, cuda_graphs, report, streams))
+            members.append(GroupTraining(chunk, device, precision, compile, cuda_graphs, report, streams,
+                                         validations))
         facts = _train_groups(members, stop or (lambda: False), take_turn, turn, take_warm_up, warming)
     except BaseException:
         for member in members:
             member.discard_logs()
         raise
     finally:
+        validations.close()
         for lock in turn + warming:
             lock.close()
     for member in members:
@@ -664,13 +706,15 @@ class GroupTraining:
     """One group's training: its PackedGroup, its runs' logs, and where it is (epoch, step in it, loss sums),
     resumed from its saved state if there is one. Everything it does runs on its own CUDA stream, if given one."""
 
-    def __init__(self, runs, device, precision, compile, cuda_graphs, progress, stream):
+    def __init__(self, runs, device, precision, compile, cuda_graphs, progress, stream, validations):
         self.runs, self.progress = runs, progress
+        self.validations, self.validating = validations, []  # its BackgroundValidation; (log, future) in order
         self.stream = torch.cuda.Stream(device) if stream else None
         self.total, self.per_epoch = runs[0].total_updates, runs[0].updates_per_epoch
         if any((run.total_updates, run.updates_per_epoch) != (self.total, self.per_epoch) for run in runs):
             raise XmlmError("runs packed together must have the same number of updates per epoch and in all")
         self.group = PackedGroup(runs, device, precision, compile, cuda_graphs)
+        self.group.before_capture = validations.wait
         self.resume = read_resume(runs)
         self.logs = [open(run.log_path + ".partial", "a" if self.resume else "w") for run in runs]
         zeros = torch.zeros(len(runs), device=device)
@@ -712,11 +756,25 @@ class GroupTraining:
             self.loss_sum += losses
             self.target_count += counts
             self.step += 1
-            group.validate_due(self.epoch, self.logs)
+            self._validate(group.validations_due())
             if self.step == self.per_epoch or group.updates == self.total:
                 self._end_epoch(time.perf_counter() - started)
             if group.updates == self.total:
                 self._finish(time.perf_counter() - started)
+
+    def _validate(self, slots):
+        for slot in slots:
+            future = self.validations.submit(self.runs[slot], self.group.stacked.state_dict(slot), self.epoch,
+                                             self.group.updates)
+            self.validating.append((self.logs[slot], future))
+
+    def _write_validations(self, wait=False):
+        """The `valid` records of the validations that have ended (with `wait`: of all), in the order they began:
+        each after the train records of the epochs that passed meanwhile."""
+        while self.validating and (wait or self.validating[0][1].done()):
+            log, future = self.validating.pop(0)
+            log.write(record_line("valid", future.result()))
+            log.flush()
 
     def _end_epoch(self, elapsed):
         group = self.group
@@ -727,6 +785,7 @@ class GroupTraining:
                                             "train_lr": next_lr, "train_num_updates": group.updates,
                                             "train_wall": elapsed}))
             log.flush()
+        self._write_validations()
         if self.progress:
             clock = time.strftime("%H:%M:%S")  # so that a sweep's processes can be laid side by side afterwards
             self.progress(f"epoch {self.epoch} update {group.updates}/{self.total} at {clock}: "
@@ -737,7 +796,8 @@ class GroupTraining:
 
     def _finish(self, seconds):
         group = self.group
-        group.validate_due(self.epoch, self.logs, final=True)
+        self._validate(group.validations_due(final=True))
+        self._write_validations(wait=True)  # and the runs' models are free to save
         for slot, (run, log) in enumerate(zip(self.runs, self.logs)):
             save_checkpoint(run, group.stacked.state_dict(slot), self.epoch)
             log.write(record_line("packed", {"updates": group.updates, "seconds": seconds,
@@ -756,6 +816,7 @@ class GroupTraining:
         """Save where the group is (`resume_path`), to go on from there in a later process."""
         if self.finished:
             return
+        self._write_validations(wait=True)
         with self.on_stream():
             between = self.schedules is None  # the next update starts the next epoch
             state = {"commands": [run.argv for run in self.runs], "group": self.group.state_dict(),
@@ -957,10 +1018,11 @@ def fills_gpu(runs):
 
 def lockstep_teams(chunks):
     """The groups as they share processes (`train_groups`): each group that fills the GPU with one that does not, of
-    the same length (data, epochs, updates, batch size) where there is one; each small group left over joins the
-    team of fewest groups that has a large one; without large groups, each group alone. On an H100 a round of three
-    groups on streams of their own took 1/1.082 of their updates one after another, of two 1/1.040
-    (docs/benchmarks.md, twentieth session)."""
+    the same length (data, epochs, updates, batch size) where there is one (on an H100 a round of two groups on
+    streams of their own took 1/1.040 of their updates one after another, docs/benchmarks.md, twentieth session);
+    every other group alone, the small ones first. A small group compiles in a fraction of a large team's warm-up,
+    so the GPU trains it while the large teams compile: in the 5-seed sweep the first large team trained 144 s after
+    the start, with the GPU mostly idle until then (H200, docs/benchmarks.md, twenty-eighth session)."""
     def length(chunk):
         cfg = chunk[0].cfg
         return cfg.task.data, cfg.task.no_parallel, cfg.optimization.max_epoch, cfg.optimization.max_update, \
@@ -973,11 +1035,7 @@ def lockstep_teams(chunks):
         if partner is not None:
             small.remove(partner)
         teams.append([chunk] + ([partner] if partner else []))
-    if not teams:
-        return [[chunk] for chunk in small]
-    for chunk in small:
-        min(teams, key=len).append(chunk)
-    return teams
+    return [[chunk] for chunk in small] + teams
 
 
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None,

@@ -94,7 +94,17 @@ def test_gpu_pack_eval_cpu_gives_bert_small_runs_an_evaluation_on_the_cpu(fake_e
     (small, beside), = seen["then_beside"].items()
     assert "--arch xmlm_bert_small" in " ".join(small) and len(seen["then"]) == 2
     on_gpu, = seen["then"][small]
+    on_gpu = [word for word in on_gpu if word != "--tf32"]  # a GPU evaluation's TF32, where there is a GPU
     assert beside == [["nice", "-n", "19", "env", "OMP_NUM_THREADS=2", *on_gpu, "--device", "cpu"]]
+
+
+def test_evaluations_on_a_gpu_use_tf32_products_and_those_on_the_cpu_do_not(tmp_path, monkeypatch):
+    module = recipe()
+    for gpu in (False, True):
+        monkeypatch.setattr(module, "_has_cuda", lambda: gpu)
+        default, on_cpu = (module.evaluate_command("0", tmp_path, tmp_path, module.PRESETS["full"], on_cpu=flag)
+                           for flag in (False, True))
+        assert ("--tf32" in default) == gpu and "--tf32" not in on_cpu and on_cpu[-2:] == ["--device", "cpu"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")

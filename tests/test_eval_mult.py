@@ -36,8 +36,10 @@ def test_json_schema_and_value_ranges(evaluated, fake_english_checkpoint):
     result, out, _ = evaluated
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
-    assert set(written) == {"checkpoint", "task", "mu", "mu_parts", "layers", "ppl", "n_sentences", "n_words"}
+    assert set(written) == {"checkpoint", "task", "products", "mu", "mu_parts", "layers", "ppl", "n_sentences",
+                            "n_words"}
     assert written["checkpoint"] == str(fake_english_checkpoint) and written["task"] == "fake_english"
+    assert written["products"] == "fp32"
     assert written["mu_parts"] == ["tau0", "rho0", "tau8", "rho8"]
     assert set(written["layers"]) == {"0", "8"}
     for scores in written["layers"].values():
@@ -47,6 +49,19 @@ def test_json_schema_and_value_ranges(evaluated, fake_english_checkpoint):
         s["retrieval"] + s["translation"] for s in written["layers"].values()) / 4)
     assert written["n_sentences"] == 200 and written["n_words"] > 1000
     assert set(written["ppl"]) == {"train", "valid"} and all(p > 1 for p in written["ppl"].values())
+
+
+def test_tf32_allows_tf32_products_and_leaves_a_cpu_evaluation_as_it_is(evaluated, fake_english_checkpoint,
+                                                                       fake_english_data):
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        result = eval_mult.run([str(fake_english_checkpoint), "--data", str(fake_english_data), "--device", "cpu",
+                                "--tf32", *ARGS])
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert result == {**evaluated[0], "checkpoint": result["checkpoint"]}
 
 
 def test_an_untrained_model_is_not_multilingual(evaluated):

@@ -52,8 +52,8 @@ def evaluated(checkpoint, bible_en_fr_data, muse_file, tmp_path_factory):
 def test_json_schema_and_value_ranges(evaluated, checkpoint, muse_file, bible_en_fr_data):
     result, written = evaluated
     assert written == json.loads(json.dumps(result))
-    assert set(written) == {"checkpoint", "task", "mu", "mu_parts", "layers", "ppl", "ppl_per_lang", "n_sentences",
-                            "n_words", "langs", "split", "dict"}
+    assert set(written) == {"checkpoint", "task", "products", "mu", "mu_parts", "layers", "ppl", "ppl_per_lang",
+                            "n_sentences", "n_words", "langs", "split", "dict"}
     assert written["task"] == "bilingual_mlm" and written["langs"] == ["en", "fr"] and written["split"] == "valid"
     n_verses = len((bible_en_fr_data / "verses.valid.txt").read_text().splitlines())
     assert written["n_sentences"] == n_verses > 20  # every Jonah verse, paired

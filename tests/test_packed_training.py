@@ -173,6 +173,26 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
     assert capsys.readouterr().err.count("exists, skipped") == 3
 
 
+def test_background_validation_gives_the_records_of_validate_in_order(fake_english_data, tmp_path):
+    """Validations on their own thread, submitted while nothing waits for them: each record is the one `validate`
+    gives for those weights, and they come back in the order they were submitted."""
+    run = packed_training.parse_run(command(fake_english_data, tmp_path, "a", 1, "--eval-multilinguality",
+                                            "--eval-mult-sentences", "30", "--eval-mult-layers", "0,2")).build()
+    first = {name: value.detach().clone() for name, value in run.model.state_dict().items()}
+    second = {name: value * 1.5 if name.startswith("token_embeddings") else value for name, value in first.items()}
+    cpu = torch.device("cpu")
+    expected = [packed_training.validate(run, weights, 1, updates, cpu)
+                for updates, weights in ((10, first), (20, second), (30, first))]
+    assert expected[0] != expected[1]
+    background = packed_training.BackgroundValidation(cpu)
+    futures = [background.submit(run, weights, 1, updates) for updates, weights in ((10, first), (20, second),
+                                                                                    (30, first))]
+    background.wait()
+    assert all(future.done() for future in futures)
+    assert [future.result() for future in futures] == expected
+    background.close()
+
+
 def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
     """A process per group of at most --max-group runs; a lang-pos run stacks with shared-position ones."""
     commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (2, 1)]
@@ -255,13 +275,13 @@ def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_engli
     assert packed_training.fills_gpu(base)  # BERT-base's shape: its seeds never stack
     assert [[run.cfg.common.seed for run in c] for c in packed_training.grouped(base, 40)] == [[1], [2]]
     # with lockstep, a process trains a group that fills the GPU beside a small one of the same length, if any;
-    # small groups left over join the smallest team; without a large group, each group trains alone
+    # every other group trains alone, the small ones first
     longer = [packed_training.parse_run(command(fake_english_data, tmp_path, "long", 1, "--max-update", "9"))]
     small = packed_training.grouped(runs[:4] + longer, 40)
     big = packed_training.grouped(base, 40)
     teams = packed_training.lockstep_teams(big + small)
-    assert [[chunk[0].cfg.optimization.max_update for chunk in team] for team in teams] == [[0, 0], [0, 9]]
-    assert packed_training.lockstep_teams(big[:1] + small) == [[big[0], small[0], small[1]]]
+    assert [[chunk[0].cfg.optimization.max_update for chunk in team] for team in teams] == [[9], [0, 0], [0]]
+    assert packed_training.lockstep_teams(big[:1] + small) == [[small[1]], [big[0], small[0]]]
     assert packed_training.lockstep_teams(small) == [[small[0]], [small[1]]]
 
 

@@ -1,7 +1,7 @@
 """xmlm-eval-mult: degree of multilinguality and model fit of one `fake_english` or `bilingual_mlm` checkpoint.
 
     xmlm-eval-mult CHECKPOINT --data DATA_BIN [--layers 0 8] [--json OUT.json] [--max-sentences N]
-                   [--split valid|test] [--dict MUSE_FILE]
+                   [--split valid|test] [--dict MUSE_FILE] [--tf32]
 
 fake_english: the modifications the model was trained with (lang-pos, shift-special, inv-order, ...) come from the
 checkpoint's task config, so the Fake side of the dev data is built exactly as in training; alignment F1, retrieval
@@ -16,9 +16,10 @@ P@1 of finding a gold translation among all such words of the other language, bo
 without --dict. mu is the mean of the defined rho / tau values ("mu_parts" names them). Perplexity (15 % mask-only,
 fixed seed) per language through its own lang id, averaged over languages.
 
-Prints one summary line on stdout and, with --json, writes {"checkpoint", "task", "mu", "mu_parts",
-"layers": {"0": {"align_f1", "retrieval", "translation"}, ...}, "ppl": {"train", "valid"}, "n_sentences",
-"n_words"}; bilingual_mlm adds "langs", "split", "dict" and "ppl_per_lang": {lang: {"train", "valid"}}.
+Prints one summary line on stdout and, with --json, writes {"checkpoint", "task", "products" ("tf32" with --tf32
+on a GPU, else "fp32"), "mu", "mu_parts", "layers": {"0": {"align_f1", "retrieval", "translation"}, ...},
+"ppl": {"train", "valid"}, "n_sentences", "n_words"}; bilingual_mlm adds "langs", "split", "dict" and
+"ppl_per_lang": {lang: {"train", "valid"}}.
 """
 import argparse
 import json
@@ -191,6 +192,10 @@ def parse_args(argv):
     parser.add_argument("--max-train-sentences", type=int, help="only the first N train sentences for perplexity")
     parser.add_argument("--seed", type=int, default=1, help="seed of the perplexity masks")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tf32", action="store_true",
+                        help="on a GPU, matrix products with TF32 inputs (fp32 sums): a BERT-base evaluation's GPU "
+                        "time about halves; on a trained checkpoint alignment F1 moved by 7e-6 and perplexity by 1e-5 "
+                        "of itself, rho and tau not at all (H200, docs/benchmarks.md, twenty-eighth session)")
     args = parser.parse_args(argv)
     if min(args.layers) < 0:
         raise XmlmError(f"--layers must be >= 0, got {args.layers}")
@@ -206,9 +211,12 @@ def run(argv=None):
     args = parse_args(argv)
     if args.dict and not os.path.isfile(args.dict):
         raise XmlmError(f"dictionary {args.dict} does not exist")
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
     model, task = load_for_evaluation(args.checkpoint, args.data, args.device)
     name = task.cfg._name  # the checkpoint's task, already checked by load_for_evaluation
-    result = {"checkpoint": args.checkpoint, "task": name}
+    result = {"checkpoint": args.checkpoint, "task": name,
+              "products": "tf32" if args.tf32 and torch.device(args.device).type == "cuda" else "fp32"}
     if name == "bilingual_mlm":
         result |= evaluate_bilingual(model, task, tuple(args.layers), args.split, args.max_sentences,
                                      args.max_train_sentences, args.seed, args.device, args.dict)
