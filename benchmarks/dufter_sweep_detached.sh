@@ -19,7 +19,9 @@ results=$sweep/results/dufter
 case "${1:-}" in
 start)
     installing=$SECONDS
-    source benchmarks/install_quick.sh && source .whl/install_on_device.sh || exit 1
+    # install_quick.sh alone: the sweep sets its own PYTHONPATH below, and the shared installer's two imports of
+    # fairseq after it took 15 s of a fresh machine's 40 (twenty-eighth session, call 4)
+    source benchmarks/install_quick.sh || exit 1
     echo "sweep: the install took $(( SECONDS - installing )) s"
     [ -e "$sweep" ] && { echo "sweep: $sweep exists (started before on this machine)"; exit 1; }
     mkdir -p "$sweep" && cp -a fairseq_xmlm examples benchmarks data-bin "$sweep"/ &&
