@@ -3,8 +3,9 @@
     python3 benchmarks/validation_cost.py [--ids 0,15,30] [--repeats 3]
 
 `examples/dufter/run.py full` trains IDs 0, 15 and 30 (CURVE_IDS, Dufter's Fig. 6/7) of every seed with the
-multilinguality hook and --validate-interval-updates 500: 13 validations a run in its 6,900 updates, each run
-inside its team's training loop while the team's other groups wait. This builds each run from the recipe's own
+multilinguality hook and --validate-interval-updates 500: 13 validations a run in its 6,900 updates, which until
+the twenty-eighth session ran inside its team's training loop while the team's groups waited (now beside it,
+`packed_training.BackgroundValidation`). This builds each run from the recipe's own
 command (seed 0, the hook on), puts its weights on the GPU as the packed group hands them over, and times --repeats
 validations after one untimed first (which loads the dev set). Prints seconds per validation for each run and what
 13 of each cost one team by that arithmetic. Untrained weights: the same work as trained ones.
@@ -13,8 +14,8 @@ With --team-updates N it then trains seed 0's team as the sweep does (--team-ids
 lockstep, compiled, CUDA graphs, the hook on) for N updates and prints each epoch's seconds from the first run's
 log: the epochs that hold a validation (updates 500, 1000, ...) against the median of the others. Not a test.
 """
-import json
 import argparse
+import json
 import statistics
 import sys
 import time
