@@ -23,10 +23,10 @@ def dufter_recipe():
     return recipe
 
 
-def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0):
+def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0, multilinguality=False):
     """`examples/dufter/run.py full`'s fairseq-train commands of these run IDs and `seeds` seeds from the recipe's
-    `first_seed`-th, capped at `updates` updates, without the multilinguality hook (the timing is of training), logs
-    and checkpoints in out."""
+    `first_seed`-th, capped at `updates` updates, without the multilinguality hook (the timing is of training) unless
+    `multilinguality`, logs and checkpoints in out/ID/seedS."""
     recipe = dufter_recipe()
     commands = []
     for run_id in ids:
@@ -34,7 +34,7 @@ def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0):
             run_dir = out / run_id / f"seed{seed}"
             command = recipe.train_command(run_id, seed, data, run_dir / "checkpoints", recipe.PRESETS["full"],
                                            knn_table)
-            if "--eval-multilinguality" in command:
+            if "--eval-multilinguality" in command and not multilinguality:
                 command.remove("--eval-multilinguality")
             commands.append([str(c) for c in command] + ["--max-update", str(updates),
                                                          "--log-file", str(run_dir / "train.log")])

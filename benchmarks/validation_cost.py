@@ -25,6 +25,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from pack_speed import recipe_commands  # noqa: E402 (benchmarks/ on the path first)
 
 
 def main():
@@ -38,17 +39,14 @@ def main():
     parser.add_argument("--team-ids", default="15,16,17,0,1,2,3,4,5,6,7,8,9,30",
                         help="the team's runs; the first one's log is read")
     args = parser.parse_args()
-    from pack_speed import dufter_recipe
     from fairseq_xmlm.packed_training import parse_run, validate
 
-    recipe = dufter_recipe()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     total = 0.0
     for run_id in args.ids.split(","):
-        command = recipe.train_command(run_id, recipe.SEEDS[0], Path(args.data), Path(args.out) / run_id,
-                                       recipe.PRESETS["full"], args.knn_table)
-        log_file = Path(args.out) / run_id / "train.log"
-        run = parse_run([str(word) for word in command] + ["--log-file", str(log_file)]).build()
+        command, = recipe_commands([run_id], 1, Path(args.data), Path(args.out), 10 ** 6, args.knn_table,
+                                   multilinguality=True)
+        run = parse_run(command).build()
         weights = {name: value.detach().to(device) for name, value in run.model.state_dict().items()}
         validate(run, weights, 1, 500, device)
         seconds = []
@@ -65,25 +63,21 @@ def main():
               f"valid_mu {record.get('valid_mu')}", flush=True)
     print(f"validation_cost: one team's validations of IDs {args.ids}: {total:.1f} s")
     if args.team_updates:
-        team_epochs(recipe, args, device)
+        team_epochs(args, device)
 
 
-def team_epochs(recipe, args, device):
+def team_epochs(args, device):
     """Seed 0's team for --team-updates updates; each epoch's seconds from its first run's log."""
     from fairseq_xmlm.packed_training import train_packed
 
     out = Path(args.out) / "team"
-    commands = []
-    for run_id in args.team_ids.split(","):
-        run_dir = out / run_id
-        command = recipe.train_command(run_id, recipe.SEEDS[0], Path(args.data), run_dir / "checkpoints",
-                                       recipe.PRESETS["full"], args.knn_table)
-        commands.append([str(word) for word in command] + ["--max-update", str(args.team_updates),
-                                                           "--log-file", str(run_dir / "train.log")])
+    ids = args.team_ids.split(",")
+    commands = recipe_commands(ids, 1, Path(args.data), out, args.team_updates, args.knn_table,
+                               multilinguality=True)
     cuda = device.type == "cuda"
     train_packed(commands, device=device, compile=cuda, cuda_graphs=cuda, lockstep=True)
     walls, valid_updates = {}, []
-    for line in (out / args.team_ids.split(",")[0] / "train.log").read_text().splitlines():
+    for line in (out / ids[0] / "seed0" / "train.log").read_text().splitlines():
         tag, record = line.split(" | ")[2], json.loads(line.split(" | ", 3)[3])
         if tag == "train":
             walls[record["train_num_updates"]] = record["train_wall"]
