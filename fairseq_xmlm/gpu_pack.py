@@ -31,7 +31,7 @@ def default_slots(workers_per_run):
 
 
 def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capacity=None, devices=None, then=None,
-               exclusive=None, stop=None, then_beside=None):
+               fills=None, fills_per_gpu=1, stop=None, then_beside=None, end_slots=None):
     """Run every argv list of `commands`, at most `slots` at a time; returns the wall time per run (seconds).
 
     `then[i]` (optional) lists commands to run as soon as command i has succeeded (an evaluation of what it
@@ -40,11 +40,15 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     are still running or queued: an evaluation on the CPU, leaving the GPU to the training still going. These queue
     behind the commands not yet started (docs/benchmarks.md, twenty-sixth session).
 
+    `end_slots` (default `slots`): how many follow-ups run at a time once none of `commands` is left to run or
+    start, when nothing else may need the cores or the GPU any more.
+
     With `costs` (one number per command, e.g. its estimated GPU memory) and `capacity`, a run starts only while
     the costs of the running ones plus its own fit in `capacity` (a run alone always starts); commands start in
     their order, a later one that fits going ahead of an earlier one that does not.
-    With `exclusive` (one bool per command), an exclusive command never shares a GPU with another exclusive one: it
-    is for runs that keep a GPU busy on their own, which side by side only take turns.
+    With `fills` (one bool per command: the runs that keep a GPU busy on their own), at most `fills_per_gpu` of
+    those share a GPU: 1 where side by side they would only take turns; 2 where they take turns anyway (CUDA
+    graphs under one lock) and only the next one's warm-up should go on beside the one training.
     With `devices` (GPU indices) each run sees one GPU (CUDA_VISIBLE_DEVICES), the least loaded one it fits on, and
     `capacity` holds per GPU; without, every run sees the GPUs of the environment.
     Raises XmlmError naming the logs of the runs that exited non-zero, after all runs have ended. On SIGTERM it
@@ -57,7 +61,7 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     os.makedirs(log_dir, exist_ok=True)
     commands = list(commands)
     costs = list(costs or [0] * len(commands))
-    exclusive = list(exclusive or [False] * len(commands))
+    fills = list(fills or [False] * len(commands))
     then = then or [[]] * len(commands)
     then_beside = then_beside or [[]] * len(commands)
     given = len(commands)  # the commands after these are follow-ups
@@ -72,8 +76,9 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
     previous = signal.signal(signal.SIGTERM, lambda *_: terminated.append(True)) if in_main else None
     try:
         while (pending or running) and not terminated and not (stop and stop()):
-            while pending and len(running) < slots:
-                placement = _place(pending, running, costs, capacity, devices or [None], exclusive)
+            at_end = end_slots and not any(i < given for i in [*pending, *running])
+            while pending and len(running) < (end_slots if at_end else slots):
+                placement = _place(pending, running, costs, capacity, devices or [None], fills, fills_per_gpu)
                 if placement is None:
                     break
                 index, device = placement
@@ -101,7 +106,7 @@ def run_packed(commands, slots, log_dir, env=None, poll_s=0.2, costs=None, capac
                     follow = list(range(len(commands), len(commands) + len(follow_ups)))
                     commands += follow_ups
                     costs += [0] * len(follow)
-                    exclusive += [False] * len(follow)
+                    fills += [False] * len(follow)
                     if beside:  # behind the commands yet to start, which would otherwise wait out a wave of them
                         pending += follow
                     else:
@@ -133,15 +138,15 @@ def several_gpus():
     return list(range(count)) if count > 1 else None
 
 
-def _place(pending, running, costs, capacity, devices, exclusive):
+def _place(pending, running, costs, capacity, devices, fills, fills_per_gpu):
     """(the first pending command that fits somewhere, the least loaded device it fits on), or None."""
     load = {device: sum(costs[i] for i, entry in running.items() if entry[3] == device) for device in devices}
     count = {device: sum(entry[3] == device for entry in running.values()) for device in devices}
-    taken = {entry[3] for i, entry in running.items() if exclusive[i]}
+    filling = {device: sum(entry[3] == device for i, entry in running.items() if fills[i]) for device in devices}
     busy = {device for device in devices if count[device]}
     for index in pending:
         for device in sorted(devices, key=lambda d: (load[d], count[d])):
-            if exclusive[index] and device in taken:
+            if fills[index] and filling[device] >= fills_per_gpu:
                 continue
             if device not in busy or capacity is None or load[device] + costs[index] <= capacity:
                 return index, device

@@ -684,6 +684,8 @@ def _train_groups(members, stop, take_turn, turn, take_warm_up, warming):
     rounds = 0
     refused = take_warm_up is not None and not warming  # stopped while waiting to warm up
     while any(not member.finished for member in members):
+        if rounds == warm_rounds:
+            release_warm_up_memory(members[0])
         if warming and rounds >= warm_rounds:  # compiled: the next process of this shape may warm up
             warming.pop().close()
         due = take_turn is not None and not turn and rounds >= warm_rounds
@@ -700,6 +702,20 @@ def _train_groups(members, stop, take_turn, turn, take_warm_up, warming):
                 member.update(started)
         rounds += 1
     return [member.facts for member in members]
+
+
+def release_warm_up_memory(member):
+    """After the warm-up (the first epoch: compiling, each batch shape's first update run as is, then captured), give
+    the memory those first updates left cached back to the GPU, before the next process warms up beside this one:
+    a CUDA graph keeps what it needs in its own pool. Reports the process's peak and what it keeps."""
+    device = member.group.device
+    if device.type != "cuda":
+        return
+    peak = torch.cuda.max_memory_reserved(device)
+    torch.cuda.empty_cache()
+    if member.progress is not None:
+        member.progress(f"warmed up: GPU memory {peak / 2 ** 30:.1f} GiB at most, "
+                        f"{torch.cuda.memory_reserved(device) / 2 ** 30:.1f} GiB kept")
 
 
 class GroupTraining:
@@ -1051,7 +1067,7 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     its groups one after another, and is larger, so fewer of them warm up beside the one training
     (docs/benchmarks.md, twentieth session). Without graphs, groups train side by side, so one group's Python
     overlaps the others' kernels, and a group that fills a GPU (`fills_gpu`) never shares one with another such
-    group.
+    group; with graphs, at most two such processes share a GPU.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
     so a sweep cut short keeps every result it finished; `then_beside` (the same kind of map, optional per command)
     what replaces them while other groups have yet to train (`run_packed`). Writes workdir/commands.<i>.txt,
@@ -1097,9 +1113,15 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
                  for c in (beside and then_beside.get(tuple(run.argv)) or then.get(tuple(run.argv), []))]
                 for team in teams]
 
+    # With graphs, two processes that fill a GPU: the one training and the next one warming up, which then waits
+    # with its graphs captured. A third would only hold memory: at 100 epochs three teams of 3 BERT-base + 11
+    # BERT-small held 36, 43 and 61+ GiB and the third's warm-up ran an H200 out of memory, while the next one's start
+    # and warm-up (about a minute) fit in the training of the one before (about 5 minutes; docs/benchmarks.md,
+    # twenty-ninth session). At the end, the last evaluations all at once: they are all that is left.
     run_packed(processes, slots, logs, costs=[sum(map(estimated_gpu_bytes, team)) for team in teams],
                capacity=capacity, devices=devices, then=follow_ups(False),
-               exclusive=[fills_gpu(team[0]) and not cuda_graphs for team in teams], then_beside=follow_ups(True))
+               fills=[fills_gpu(team[0]) for team in teams], fills_per_gpu=2 if cuda_graphs else 1,
+               then_beside=follow_ups(True), end_slots=os.cpu_count())
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "slots": slots, "processes": [json.load(open(path)) for path in summaries]}
 

@@ -256,15 +256,28 @@ def test_run_packed_spreads_runs_over_gpus_by_memory(tmp_path):
     assert float(started[4]) >= min(map(float, ended[:4]))  # timing-free: it waited for an end
 
 
-def test_run_packed_never_puts_two_exclusive_runs_on_one_gpu(tmp_path):
-    """Exclusive runs (groups that fill a GPU) take turns on the one GPU while the others start beside them."""
+def test_run_packed_puts_at_most_fills_per_gpu_runs_that_fill_one_on_it(tmp_path):
+    """Runs that fill a GPU: at most fills_per_gpu of them at once on the one GPU, while the others start beside."""
     script = "import sys,time;print(time.time());time.sleep(float(sys.argv[1]));print(time.time())"
-    commands = [[sys.executable, "-c", script, seconds] for seconds in ("0.5", "0.5", "0")]
-    run_packed(commands, slots=3, log_dir=tmp_path, poll_s=0.02, costs=[.1, .1, .1], capacity=1,
-               exclusive=[True, True, False])
-    started, ended = zip(*((float(t) for t in (tmp_path / f"{i}.log").read_text().split()) for i in range(3)))
-    assert started[1] >= ended[0]  # timing-free: the second exclusive run waited for the first to end
-    assert started[2] < ended[0]  # the other one did not wait
+    for fills_per_gpu in (1, 2):
+        logs = tmp_path / str(fills_per_gpu)
+        commands = [[sys.executable, "-c", script, seconds] for seconds in ("0.5", "0.5", "0.5", "0")]
+        run_packed(commands, slots=4, log_dir=logs, poll_s=0.02, costs=[.1] * 4, capacity=1,
+                   fills=[True, True, True, False], fills_per_gpu=fills_per_gpu)
+        started, ended = zip(*((float(t) for t in (logs / f"{i}.log").read_text().split()) for i in range(4)))
+        waited = started[fills_per_gpu] >= min(ended[:fills_per_gpu])  # timing-free: it waited for an end
+        assert waited and started[fills_per_gpu - 1] < ended[0]  # ... and the ones before it did not
+        assert started[3] < ended[0]  # the run that does not fill the GPU did not wait
+
+
+def test_run_packed_runs_the_follow_ups_left_at_the_end_end_slots_at_a_time(tmp_path):
+    """Once no command is left to run, the queued follow-ups start end_slots at a time instead of slots."""
+    script = "import sys,time;print(time.time());time.sleep(0.4);print(time.time())"
+    follow_ups = [[sys.executable, "-c", script] for _ in range(3)]
+    run_packed([[sys.executable, "-c", "pass"]], slots=1, log_dir=tmp_path, poll_s=0.02, then=[follow_ups],
+               end_slots=3)
+    started, ended = zip(*((float(t) for t in (tmp_path / f"{i}.log").read_text().split()) for i in (1, 2, 3)))
+    assert max(started) < min(ended)  # timing-free: all three ran at once, where slots=1 runs one at a time
 
 
 def test_run_packed_runs_follow_ups_of_successful_runs_first(tmp_path):
