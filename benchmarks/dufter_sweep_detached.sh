@@ -6,8 +6,9 @@
 # (default 570) and prints its progress and the GPU's mean utilisation so far (sampled every 10 s, $OUT/gpu.csv);
 # once it has ended, `wait` prints its wall time and exit status and sends the results folder back without
 # checkpoints and logs as $OUT/dufter.tgz; every `wait` sends the processes' logs without library chatter as
-# $OUT/lines.tgz. Chain the calls on one warm machine, as in docs/benchmarks.md (twentieth, twenty-first and
-# twenty-sixth sessions).
+# $OUT/lines.tgz, and while it waits it refreshes $OUT/progress.txt and gpu.csv every 30 s (what a call cut short
+# by the session's device time still brings back). Chain the calls on one warm machine, as in docs/benchmarks.md
+# (twentieth, twenty-first, twenty-sixth and twenty-ninth sessions).
 #
 #   device tool: carry [".whl", "data-bin/fake_english", "results/dufter/knn_table.pt"];
 #   commands: bash benchmarks/dufter_sweep_detached.sh start, then bash benchmarks/dufter_sweep_detached.sh wait
@@ -40,14 +41,20 @@ start)
     echo "sweep: $SWEEP_PRESET started at $(date -u +%H:%M:%S) UTC in $sweep ${PACK_ARGS}"
     ;;
 wait)
-    for _ in $(seq "$(( ${WAIT_SECONDS:-570} / 5 ))"); do
+    progress() {  # the recipe's last lines and each packed process's last line of progress
+        grep -v DEBUG "$sweep/recipe.log" | grep -E "gpu-pack|Error|error|failed" | tail -5
+        for log in "$results"/pack/logs/*.log; do
+            [ -e "$log" ] && echo "${log##*/}: $(grep -E "^pack" "$log" | tail -1)"
+        done
+        echo "at $(( $(date +%s) - $(cat "$sweep/started") )) s"
+    }
+    for step in $(seq "$(( ${WAIT_SECONDS:-570} / 5 ))"); do
         [ -e "$sweep/ended" ] && break
+        # every 30 s into $OUT: a call cut short by the session's device time still brings back where it was
+        (( step % 6 )) || { progress > "$OUT/progress.txt"; cp "$sweep/gpu.csv" "$OUT"/; }
         sleep 5
     done
-    grep -v DEBUG "$sweep/recipe.log" | grep -E "gpu-pack|Error|error|failed" | tail -5
-    for log in "$results"/pack/logs/*.log; do  # each packed process: its last line of progress
-        [ -e "$log" ] && echo "${log##*/}: $(grep -E "^pack" "$log" | tail -1)"
-    done
+    progress
     awk -F', ' '{gsub(/ %/, "", $2); n++; u += $2}
         END {if (n) printf "GPU busy %.0f %% on average over %d samples\n", u / n, n}' "$sweep/gpu.csv"
     tail -1 "$sweep/gpu.csv"

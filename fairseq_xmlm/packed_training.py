@@ -1,7 +1,7 @@
 """Train many Fake-English fairseq-train runs at once on one GPU, as stacked models (`examples/dufter --gpu-pack`).
 
     python -m fairseq_xmlm.packed_training COMMANDS_FILE [--max-group 40] [--precision bf16|fp32] [--time-limit S]
-        [--compile] [--cuda-graphs] [--gpu-lock PATH] [--warm-up-lock PATH] [--lockstep]
+        [--compile] [--cuda-graphs] [--gpu-lock PATH] [--warm-up-lock PATH] [--lockstep] [--tf32]
 
 COMMANDS_FILE holds one fairseq-train command line per line (shell-quoted, `fairseq-train` or `python -m
 fairseq_cli.train` first), each with `--save-dir` and `--log-file`. Every command is parsed by fairseq's own parser
@@ -30,8 +30,9 @@ of the recipe). What each run gets is what fairseq-train would give it:
 Differences, by design: the model computes in bf16 (a bf16 copy of the fp32 master weights, as fairseq's --fp16
 does in fp16; `--precision fp32` for none); the masks and dropout draw from one random stream per group, so a
 run's exact draws depend on the group it was packed in; validation runs only at --validate-interval-updates and
-at the end, not after every epoch; the optimiser state is not saved (a packed checkpoint is a finished model, not
-a resume point).
+at the end, not after every epoch, in fp32 (--tf32: its matrix products in TF32 on a GPU, as `xmlm-eval-mult
+--tf32`; the `packed` record says which); the optimiser state is not saved (a packed checkpoint is a finished
+model, not a resume point).
 `tests/test_packed_training.py` checks a packed update against fairseq's own Trainer on the same batches.
 A group is saved when it finishes; rerunning the same commands skips runs whose checkpoint and log exist. SIGTERM,
 Ctrl-C or --time-limit suspend the group at the next step: it saves its whole state (`resume_path`) and exits 75,
@@ -704,6 +705,11 @@ def _train_groups(members, stop, take_turn, turn, take_warm_up, warming):
     return [member.facts for member in members]
 
 
+def validation_products(device):
+    """What the fp32 matrix products of a run's validations compute in: "tf32" where allowed on a GPU (--tf32)."""
+    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
 def release_warm_up_memory(member):
     """After the warm-up (the first epoch: compiling, each batch shape's first update run as is, then captured), give
     the memory those first updates left cached back to the GPU, before the next process warms up beside this one:
@@ -747,7 +753,8 @@ class GroupTraining:
             print(f"pack: resuming at update {self.group.updates} (epoch {self.epoch})", file=sys.stderr, flush=True)
         else:
             for run, log in zip(runs, self.logs):
-                log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs)}))
+                log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs),
+                                                 "validation_products": validation_products(device)}))
         if self.stream is not None:  # after the weights and state set on the default stream
             self.stream.wait_stream(torch.cuda.current_stream(device))
 
@@ -1055,7 +1062,7 @@ def lockstep_teams(chunks):
 
 
 def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=0, then=None, compile=None,
-                       cuda_graphs=None, lockstep=False, then_beside=None):
+                       cuda_graphs=None, lockstep=False, then_beside=None, tf32=False):
     """Every group (see `group_key`) in a packed_training process, `slots` processes at a time on the GPU. A group
     takes at most 60 % of a GPU's memory budget (by `estimated_gpu_bytes`: three BERT-base runs on an 80 GB GPU);
     larger models start first; with several GPUs each process runs on one of them, the least loaded.
@@ -1070,7 +1077,8 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
     group; with graphs, at most two such processes share a GPU.
     `then` maps a command (tuple of its argv) to the commands to run once its group has trained (its evaluation),
     so a sweep cut short keeps every result it finished; `then_beside` (the same kind of map, optional per command)
-    what replaces them while other groups have yet to train (`run_packed`). Writes workdir/commands.<i>.txt,
+    what replaces them while other groups have yet to train (`run_packed`). `tf32`: the validations' matrix
+    products in TF32 (packed_training --tf32). Writes workdir/commands.<i>.txt,
     summary.<i>.json and logs/<i>.log; returns the wall time and the per-process summaries."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
@@ -1097,7 +1105,7 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
         processes.append([sys.executable, "-m", "fairseq_xmlm.packed_training", listing, "--max-group", str(max_group),
                           "--precision", precision, "--summary", summary] + (["--compile"] if compile else [])
                          + (["--cuda-graphs"] if cuda_graphs else []) + locks
-                         + (["--lockstep"] if len(team) > 1 else []))
+                         + (["--lockstep"] if len(team) > 1 else []) + (["--tf32"] if tf32 else []))
         summaries.append(summary)
     slots = slots or min(len(processes), max(1, (os.cpu_count() or 2) // 2))
     devices = several_gpus()  # each process on one of them, spread by memory
@@ -1145,7 +1153,12 @@ def main(argv=None):
                         help="train all groups at once, one update of each a round (each on a CUDA stream of its own)")
     parser.add_argument("--time-limit", type=float, default=0,
                         help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
+    parser.add_argument("--tf32", action="store_true",
+                        help="the validations' fp32 matrix products in TF32 on a GPU (the training's are bf16; with "
+                             "--precision fp32, its too)")
     args = parser.parse_args(argv)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
     if args.max_group < 1:
         raise XmlmError(f"--max-group must be at least 1, got {args.max_group}")
     started = time.perf_counter()

@@ -88,14 +88,17 @@ def test_gpu_pack_eval_cpu_gives_bert_small_runs_an_evaluation_on_the_cpu(fake_e
     monkeypatch.setattr(packed_training, "train_side_by_side",
                         lambda commands, workdir, max_group, **options: seen.update(options))
     module = recipe()
-    module.run_all_packed([("0", 0), ("15", 0)], fake_english_data, tmp_path / "runs", tmp_path,
-                          module.PRESETS["full"], tmp_path / "knn_table.pt", slots=8, max_group=40, dry_run=False,
-                          eval_cpu=True)
-    (small, beside), = seen["then_beside"].items()
-    assert "--arch xmlm_bert_small" in " ".join(small) and len(seen["then"]) == 2
-    on_gpu, = seen["then"][small]
-    on_gpu = [word for word in on_gpu if word != "--tf32"]  # a GPU evaluation's TF32, where there is a GPU
-    assert beside == [["nice", "-n", "19", "env", "OMP_NUM_THREADS=2", *on_gpu, "--device", "cpu"]]
+    for gpu in (False, True):
+        monkeypatch.setattr(module, "_has_cuda", lambda: gpu)
+        module.run_all_packed([("0", 0), ("15", 0)], fake_english_data, tmp_path / "runs", tmp_path,
+                              module.PRESETS["full"], tmp_path / "knn_table.pt", slots=8, max_group=40,
+                              dry_run=False, eval_cpu=True)
+        (small, beside), = seen["then_beside"].items()
+        assert "--arch xmlm_bert_small" in " ".join(small) and len(seen["then"]) == 2
+        on_gpu, = seen["then"][small]
+        assert ("--tf32" in on_gpu) == gpu == seen["tf32"]  # the validations' products as the GPU evaluations'
+        on_gpu = [word for word in on_gpu if word != "--tf32"]
+        assert beside == [["nice", "-n", "19", "env", "OMP_NUM_THREADS=2", *on_gpu, "--device", "cpu"]]
 
 
 def test_evaluations_on_a_gpu_use_tf32_products_and_those_on_the_cpu_do_not(tmp_path, monkeypatch):

@@ -154,8 +154,16 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
     commands[0] += ["--eval-multilinguality", "--eval-mult-sentences", "50", "--eval-mult-layers", "0,2", "--validate-interval-updates", "10"]
     listing = tmp_path / "commands.txt"
     listing.write_text("\n".join(" ".join(c) for c in commands) + "\n")
-    packed_training.main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32",
-                          "--gpu-lock", str(tmp_path / "gpu.lock")])
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    try:
+        packed_training.main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32",
+                              "--gpu-lock", str(tmp_path / "gpu.lock"), "--tf32"])
+        assert torch.backends.cuda.matmul.allow_tf32  # --tf32: the validations' products, on a GPU
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+    products = {r["validation_products"] for name in "abc" for r in read_fairseq_log(tmp_path / name / "train.log",
+                                                                                      "packed") if "command" in r}
+    assert products == {"tf32" if torch.cuda.is_available() else "fp32"}  # on the CPU, fp32 whatever the flag
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [g["runs"] for g in summary["groups"]] == [3]  # one seed: lang-pos stacks with shared positions
     updates = summary["groups"][0]["updates"]
@@ -228,16 +236,17 @@ def test_side_by_side_gives_each_process_its_runs_follow_ups(fake_english_data, 
     seen = {}
 
     def run_packed(processes, slots, logs, **options):
-        seen.update(options)
+        seen.update(options, processes=processes)
         for process in processes:  # what each process would write
             Path(process[process.index("--summary") + 1]).write_text("{}")
 
     monkeypatch.setattr(gpu_pack, "run_packed", run_packed)
     packed_training.train_side_by_side(commands, tmp_path / "pack",
                                        then={tuple(c): [[f"gpu_{name}"]] for c, name in zip(commands, names)},
-                                       then_beside={tuple(commands[0]): [["cpu_a"]]})
+                                       then_beside={tuple(commands[0]): [["cpu_a"]]}, tf32=True)
     # the wider model's process first
     assert seen["then"] == [[["gpu_wide"]], [["gpu_a"]]] and seen["then_beside"] == [[["gpu_wide"]], [["cpu_a"]]]
+    assert all(process[-1] == "--tf32" for process in seen["processes"])  # the validations' products
 
 
 def test_parse_runs_in_a_pool_gives_what_parsing_one_by_one_gives(fake_english_data, tmp_path):

@@ -258,8 +258,9 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
         if commands:
             from fairseq_xmlm.packed_training import train_side_by_side
 
+            # the validations' products in TF32 on a GPU, as the evaluations' (evaluate_command)
             train_side_by_side(commands, results / "pack", max_group, slots=slots, then=then, compile=compile,
-                               lockstep=lockstep, then_beside=then_beside)
+                               lockstep=lockstep, then_beside=then_beside, tf32=_has_cuda())
         stages["training_and_evaluation_s"] = time.perf_counter() - started
     except BaseException:
         training_failed.set()  # its untrained runs and evaluations stop too
