@@ -1123,9 +1123,9 @@ def train_side_by_side(commands, workdir, max_group=40, precision="bf16", slots=
 
     # With graphs, two processes that fill a GPU: the one training and the next one warming up, which then waits
     # with its graphs captured. A third would only hold memory: at 100 epochs three teams of 3 BERT-base + 11
-    # BERT-small held 36, 43 and 61+ GiB and the third's warm-up ran an H200 out of memory, while the next one's start
-    # and warm-up (about a minute) fit in the training of the one before (about 5 minutes; docs/benchmarks.md,
-    # twenty-ninth session). At the end, the last evaluations all at once: they are all that is left.
+    # BERT-small held 36, 43 and over 60 GiB and the third's warm-up ran an H200 out of memory, while the next
+    # one's start and warm-up (about a minute) fit in the training of the one before (about 5 minutes;
+    # docs/benchmarks.md, twenty-ninth session). At the end, the last evaluations all at once: all that is left.
     run_packed(processes, slots, logs, costs=[sum(map(estimated_gpu_bytes, team)) for team in teams],
                capacity=capacity, devices=devices, then=follow_ups(False),
                fills=[fills_gpu(team[0]) for team in teams], fills_per_gpu=2 if cuda_graphs else 1,
@@ -1155,7 +1155,7 @@ def main(argv=None):
                         help="suspend after this many seconds (as on SIGTERM or Ctrl-C); 0: no limit")
     parser.add_argument("--tf32", action="store_true",
                         help="the validations' fp32 matrix products in TF32 on a GPU (the training's are bf16; with "
-                             "--precision fp32, its too)")
+                             "--precision fp32, the training's too)")
     args = parser.parse_args(argv)
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
