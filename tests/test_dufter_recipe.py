@@ -80,17 +80,23 @@ def test_gpu_pack_makes_untrained_runs_beside_the_training_and_stops_them_when_i
 
 def test_gpu_pack_eval_cpu_gives_bert_small_runs_an_evaluation_on_the_cpu(fake_english_data, tmp_path, monkeypatch):
     """--pack-eval-cpu: a BERT-small run's evaluation gets a CPU variant (niced, two threads) for while other groups
-    train; an overparam (BERT-base) run's stays on the GPU only."""
+    train, and an untrained BERT-small run's is on the CPU while runs train; an overparam (BERT-base) run's stays on
+    the GPU only."""
     from fairseq_xmlm import gpu_pack, packed_training
 
     seen = {}
-    monkeypatch.setattr(gpu_pack, "run_packed", lambda commands, *args, **kwargs: [0.0] * len(commands))
+
+    def side(commands, *args, then=None, **kwargs):
+        seen["untrained_then"] = then
+        return [0.0] * len(commands)
+
+    monkeypatch.setattr(gpu_pack, "run_packed", side)
     monkeypatch.setattr(packed_training, "train_side_by_side",
                         lambda commands, workdir, max_group, **options: seen.update(options))
     module = recipe()
     for gpu in (False, True):
         monkeypatch.setattr(module, "_has_cuda", lambda: gpu)
-        module.run_all_packed([("0", 0), ("15", 0)], fake_english_data, tmp_path / "runs", tmp_path,
+        module.run_all_packed([("0", 0), ("15", 0), ("18", 0)], fake_english_data, tmp_path / "runs", tmp_path,
                               module.PRESETS["full"], tmp_path / "knn_table.pt", slots=8, max_group=40,
                               dry_run=False, eval_cpu=True)
         (small, beside), = seen["then_beside"].items()
@@ -99,6 +105,10 @@ def test_gpu_pack_eval_cpu_gives_bert_small_runs_an_evaluation_on_the_cpu(fake_e
         assert ("--tf32" in on_gpu) == gpu == seen["tf32"]  # the validations' products as the GPU evaluations'
         on_gpu = [word for word in on_gpu if word != "--tf32"]
         assert beside == [["nice", "-n", "19", "env", "OMP_NUM_THREADS=2", *on_gpu, "--device", "cpu"]]
+        # the untrained BERT-small run (ID 18), evaluated while the others train: on the CPU too
+        untrained_evaluation, = seen["untrained_then"][-1]
+        assert untrained_evaluation[:5] == ["nice", "-n", "19", "env", "OMP_NUM_THREADS=2"]
+        assert untrained_evaluation[-2:] == ["--device", "cpu"] and "--tf32" not in untrained_evaluation
 
 
 def test_evaluations_on_a_gpu_use_tf32_products_and_those_on_the_cpu_do_not(tmp_path, monkeypatch):

@@ -207,9 +207,11 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
     beside them, in a quarter of the slots, the untrained checkpoints are made and the runs trained before but not
     evaluated are evaluated. Each run is evaluated as soon as its checkpoint exists, so a sweep stopped midway keeps
     every result it finished. With `eval_cpu`, a BERT-small run whose group ends while others have yet to train is
-    evaluated on the CPU: evaluations on the GPU share it with the training by time slices (in the twenty-fifth
-    session's sweep a team beside the previous team's 14 evaluations and the next team's warm-up averaged about 61 ms
-    an update, against 52 later in its training, docs/benchmarks.md).
+    evaluated on the CPU, and so is an untrained BERT-small run when any run trains: evaluations on the GPU share
+    it with the training by time slices (in the twenty-fifth session's sweep a team beside the previous team's 14
+    evaluations and the next team's warm-up averaged about 61 ms an update, against 52 later in its training; in the
+    twenty-ninth's, the no-parallel group trained at 73 updates/s beside the untrained runs' GPU evaluations and at
+    82 in its last 17 s without them, docs/benchmarks.md).
     Prints and saves the stage times."""
     from fairseq_xmlm.gpu_pack import run_packed, several_gpus
 
@@ -223,13 +225,17 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
             continue
         command = train_command(run_id, seed, data, run_dir / "checkpoints", preset, knn_table)
         if RUNS[run_id].untrained:
-            untrained.append((list(map(str, command)), evaluation))
+            untrained.append((list(map(str, command)), run_id, run_dir))
         else:
             commands.append(list(map(str, command + ["--log-file", run_dir / "train.log"])))
             then[tuple(commands[-1])] = evaluation
             if eval_cpu and small_model(command):
                 then_beside[tuple(commands[-1])] = [list(map(str, evaluate_command(run_id, run_dir, data, preset,
                                                                                   on_cpu=True)))]
+    beside_training = eval_cpu and bool(commands)
+    untrained = [(command, [list(map(str, evaluate_command(run_id, run_dir, data, preset,
+                                                           on_cpu=beside_training and small_model(command))))])
+                 for command, run_id, run_dir in untrained]
     if dry_run:
         for command in ready + [c for pair in untrained for c in (pair[0], *pair[1])]:
             log("+ " + " ".join(command))
@@ -356,7 +362,8 @@ def main(argv=None):
                              "CUDA stream of its own, one update of each a round (faster rounds, slower warm-up)")
     parser.add_argument("--pack-eval-cpu", action="store_true",
                         help="--gpu-pack: evaluate a BERT-small run on the CPU (niced, 2 threads) when its group "
-                             "ends while others have yet to train, so that the GPU is the training's alone")
+                             "ends while others have yet to train, and an untrained one while any run trains, so that "
+                             "the GPU is the training's alone")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
