@@ -63,6 +63,7 @@ from fairseq_xmlm.errors import XmlmError, cli_errors
 from fairseq_xmlm.gpu_pack import read_commands
 from fairseq_xmlm.masking import Masker
 from fairseq_xmlm.optim.xmlm_adamw import parse_betas
+from fairseq_xmlm.precision import allow_tf32, fp32_products
 from fairseq_xmlm.stacked_encoder import StackedEncoder
 
 SUSPENDED = 75  # exit status of a process that saved its groups' state to resume (EX_TEMPFAIL)
@@ -705,11 +706,6 @@ def _train_groups(members, stop, take_turn, turn, take_warm_up, warming):
     return [member.facts for member in members]
 
 
-def validation_products(device):
-    """What the fp32 matrix products of a run's validations compute in: "tf32" where allowed on a GPU (--tf32)."""
-    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
-
-
 def release_warm_up_memory(member):
     """After the warm-up (the first epoch: compiling, each batch shape's first update run as is, then captured), give
     the memory those first updates left cached back to the GPU, before the next process warms up beside this one:
@@ -754,7 +750,7 @@ class GroupTraining:
         else:
             for run, log in zip(runs, self.logs):
                 log.write(record_line("packed", {"command": shlex.join(run.argv), "runs_in_group": len(runs),
-                                                 "validation_products": validation_products(device)}))
+                                                 "validation_products": fp32_products(device)}))
         if self.stream is not None:  # after the weights and state set on the default stream
             self.stream.wait_stream(torch.cuda.current_stream(device))
 
@@ -1158,7 +1154,7 @@ def main(argv=None):
                              "--precision fp32, the training's too)")
     args = parser.parse_args(argv)
     if args.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
+        allow_tf32()
     if args.max_group < 1:
         raise XmlmError(f"--max-group must be at least 1, got {args.max_group}")
     started = time.perf_counter()

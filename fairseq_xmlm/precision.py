@@ -10,6 +10,16 @@ loss in fp32, no loss scaling needed (bf16 has fp32's exponent range). Use it wi
 import torch
 
 
+def allow_tf32():
+    """fp32 matrix products with TF32 inputs (fp32 sums) on a GPU, for the rest of the process (`--tf32` options)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def fp32_products(device):
+    """What fp32 matrix products on `device` compute in: "tf32" on a GPU where `allow_tf32` allowed it, else "fp32"."""
+    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
 def bf16_autocast(device, enabled):
     """Autocast context: bf16 matrix work on `device` when enabled, a no-op otherwise."""
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)

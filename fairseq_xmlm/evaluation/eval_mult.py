@@ -35,6 +35,7 @@ from fairseq_xmlm.data.freedict import load_muse_dictionary
 from fairseq_xmlm.evaluation.multilinguality import (bilingual_scores, multilinguality_scores, parallel_sentences,
                                                      split_perplexity)
 from fairseq_xmlm.evaluation.tables import write_atomic
+from fairseq_xmlm.precision import allow_tf32, fp32_products
 from fairseq_xmlm.vocabulary import dictionary_fingerprint, load_data_dictionary
 
 SUPPORTED_TASKS = ("fake_english", "bilingual_mlm")
@@ -212,11 +213,11 @@ def run(argv=None):
     if args.dict and not os.path.isfile(args.dict):
         raise XmlmError(f"dictionary {args.dict} does not exist")
     if args.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
+        allow_tf32()
     model, task = load_for_evaluation(args.checkpoint, args.data, args.device)
     name = task.cfg._name  # the checkpoint's task, already checked by load_for_evaluation
     result = {"checkpoint": args.checkpoint, "task": name,
-              "products": "tf32" if args.tf32 and torch.device(args.device).type == "cuda" else "fp32"}
+              "products": fp32_products(torch.device(args.device))}
     if name == "bilingual_mlm":
         result |= evaluate_bilingual(model, task, tuple(args.layers), args.split, args.max_sentences,
                                      args.max_train_sentences, args.seed, args.device, args.dict)
