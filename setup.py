@@ -11,7 +11,7 @@ setup(
             "xmlm-fetch-bible = fairseq_xmlm.data.bible:main",
             "xmlm-fetch-dict = fairseq_xmlm.data.freedict:main",
             "xmlm-prepare = fairseq_xmlm.data.prepare:main",
-            "xmlm-build-knn = fairseq_xmlm.knn_table:main",
+            "xmlm-build-knn = fairseq_xmlm.analysis.knn_table:main",
             "xmlm-eval-mult = fairseq_xmlm.evaluation.eval_mult:main",
             "xmlm-analyze = fairseq_xmlm.analysis.cli:main",
             "xmlm-genre = fairseq_xmlm.zeroshot.genre:main",

@@ -1,6 +1,6 @@
-"""The stacked encoder's attention on the GPU: `short_attention`'s Triton kernels against SDPA with the mask.
+"""How fast is the stacked encoder's attention on the GPU: its Triton kernels against SDPA with the mask?
 
-    python3 benchmarks/attention_speed.py --out OUT/attention
+    python3 benchmarks/attention_speed.py --out DIR/attention
 
 For Dufter's two model shapes as the recipe stacks them (3 BERT-base runs: 12 heads of 64; 11 BERT-small runs: one
 head of 64), batches of 256 sentences of several lengths, each sentence a random number of real tokens (at least
@@ -8,10 +8,10 @@ one sentence full), q, k and v with a bias of each model's: forward + backward o
 with attention dropout 0.1 and without, timed with CUDA events over --repeats eager calls after a warm-up. Before
 that, the same without dropout against SDPA in fp32: the largest difference of the output and of the gradients (q,
 k, v and bias), relative to the largest value.
-SDPA here is what the stacked encoder ran before on the GPU: `stacked_encoder.sdpa_attention` (SDPA's
+SDPA here is what the stacked encoder ran before on the GPU: `packed.stacked.sdpa_attention` (SDPA's
 memory-efficient kernels with the mask). An eager call costs the host a few hundred microseconds,
-so the short lengths time the host more than the kernels (pack_profile.py times them in the training step).
-Prints a table and the ratio; writes OUT/attention_speed.json. Not a test.
+so the short lengths time the host more than the kernels (`packed_speed.py steps` times them in the training step).
+Prints a table and the ratio; writes DIR/attention_speed.json. Not a test.
 """
 import argparse
 import json
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from fairseq_xmlm.short_attention import short_attention
-from fairseq_xmlm.stacked_encoder import attention_code, sdpa_attention
+from fairseq_xmlm.packed.attention_kernels import short_attention
+from fairseq_xmlm.packed.stacked import attention_code, sdpa_attention
 
 SHAPES = {"bert_base_x3": (3, 12, 768), "bert_small_x11": (11, 1, 64)}  # runs, heads, hidden size
 LENGTHS = (12, 20, 29, 40, 64, 93, 128)

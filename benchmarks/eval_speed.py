@@ -7,7 +7,6 @@ before and after (the wall time only means something when nothing else ran: load
 import argparse
 import os
 import sys
-import time
 
 import torch
 

@@ -1,17 +1,17 @@
 """Where one fairseq training step spends its time on the GPU: wall per update against kernel time per update.
 
-    python3 benchmarks/profile_step.py --out OUT/prof [--runs conneau_stock,conneau_ours,...] [--gpus 4]
+    python3 benchmarks/profile_step.py --out DIR/prof [--runs conneau_stock,conneau_ours,...] [--gpus 4]
         [--train-args="--ddp-backend legacy_ddp"]
 
-Each run is `fairseq_cli.train` (in a child process) with gpu_speed.py's arguments for that run, on its
+Each run is `fairseq_cli.train` (in a child process) with step_speed.py's arguments for that run, on its
 synthetic data; updates `--skip`+1 ... `--skip`+`--steps` run under torch.profiler. Prints the synchronised wall
 per update, the summed kernel time per update by kind of kernel (matrix products, attention, layer norm, ...), and
-the rest (the GPU waiting on the host); writes OUT/<run>.json with those figures and the top kernels,
-OUT/<run>.txt with the profiler's operator tables (by GPU time, then by host time) and OUT/<run>.log with fairseq's
-output; with `--trace`, also OUT/<run>.trace.json.gz, the profiled updates' timeline (chrome://tracing, Perfetto).
+the rest (the GPU waiting on the host); writes DIR/<run>.json with those figures and the top kernels,
+DIR/<run>.txt with the profiler's operator tables (by GPU time, then by host time) and DIR/<run>.log with fairseq's
+output; with `--trace`, also DIR/<run>.trace.json.gz, the profiled updates' timeline (chrome://tracing, Perfetto).
 
 With `--gpus N` (N > 1) the run is fairseq's DDP over N GPUs, one process per GPU started by torchrun; every rank
-profiles itself (OUT/<run>_<N>gpu_rank<r>.json), rank 0 prints. The all-reduce kernels run on NCCL's own stream
+profiles itself (DIR/<run>_<N>gpu_rank<r>.json), rank 0 prints. The all-reduce kernels run on NCCL's own stream
 beside the backward's: the report gives their time and the part of it no compute kernel overlaps, which is what
 the extra GPUs add to an update.
 """
@@ -25,98 +25,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_speed  # noqa: E402  (the runs' arguments and synthetic data are gpu_speed.py's)
-
-
-KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins (flash kernels' names hold "cutlass")
-    ("attention", ("flash", "fmha", "attention", "sdpa", "dot_do_o", "convert_dq")),  # the last two: cuDNN's backward
-    ("matrix products", ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_", "splitk")),
-    ("all-reduce", ("nccl",)),
-    ("optimizer", ("multi_tensor", "adam")),
-    ("layer norm", ("layer_norm", "layernorm", "gammabeta")),
-    ("dropout", ("dropout",)),
-    ("softmax / loss", ("softmax", "nll_loss", "cross_entropy")),
-    ("compiled (triton)", ("triton",)),
-    ("copies and casts", ("copy", "catarray")),
-    ("reductions", ("reduce",)),
-)
-
-
-def kernel_kind(name):
-    lowered = name.lower()
-    return next((kind for kind, keys in KERNEL_KINDS if any(key in lowered for key in keys)), "other elementwise")
-
-
-def is_kernel(event):
-    return event.device_type == torch.autograd.DeviceType.CUDA and not event.is_user_annotation
-
-
-def kernel_times(events):
-    """{kernel name: summed device us} over the GPU kernels of a profile (user annotations left out)."""
-    times = {}
-    for event in filter(is_kernel, events):
-        times[event.name] = times.get(event.name, 0.0) + event.device_time
-    return times
-
-
-def is_all_reduce_kernel(event):
-    return is_kernel(event) and kernel_kind(event.name) == "all-reduce"
-
-
-def is_compute_kernel(event):
-    """A kernel that is not NCCL's: an all-reduce kernel waiting for its peers occupies the GPU without working."""
-    return is_kernel(event) and not is_all_reduce_kernel(event)
-
-
-def union(spans):
-    """The (start, end) spans merged into sorted, disjoint intervals."""
-    merged = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
-def overlap(a, b):
-    """Length of the intersection of two lists of sorted, disjoint intervals."""
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def stream_times(events):
-    """(compute us, all-reduce us, exposed all-reduce us): the time at least one compute kernel runs, the time at
-    least one NCCL kernel runs, and the part of the latter during which no compute kernel runs."""
-    compute = union((e.time_range.start, e.time_range.end) for e in filter(is_compute_kernel, events))
-    nccl = union((e.time_range.start, e.time_range.end) for e in filter(is_all_reduce_kernel, events))
-    nccl_us = sum(end - start for start, end in nccl)
-    return sum(end - start for start, end in compute), nccl_us, nccl_us - overlap(compute, nccl)
-
-
-def idle_by_phase(events):
-    """{phase: us}: the time between compute kernels, each gap charged to the innermost host-side annotation open
-    when the gap began (fairseq's "forward", "backward", "clip-grads", "optimizer", ...; "train_step" for the
-    trainer's own work, "between steps" for fairseq's loop: data loading and logging)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in filter(is_compute_kernel, events))
-    notes = [(e.time_range.start, e.time_range.end, "train_step" if e.name.startswith("train_step-") else e.name)
-             for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.is_user_annotation]
-    idle, busy_until = {}, spans[0][1] if spans else 0
-    for start, end in spans[1:]:
-        if start > busy_until:
-            open_notes = [n for n in notes if n[0] <= busy_until < n[1]]
-            phase = min(open_notes, key=lambda n: n[1] - n[0])[2] if open_notes else "between steps"
-            idle[phase] = idle.get(phase, 0.0) + start - busy_until
-        busy_until = max(busy_until, end)
-    return idle
-
+import _common
+from _kernels import idle_by_phase, kernel_kind, kernel_times, stream_times
 
 class StepProfiler:
     """Wraps Trainer.train_step: profiles `steps` updates after `skip`, then writes the report."""
@@ -195,8 +105,8 @@ class StepProfiler:
 
 
 def run_arguments(name):
-    """fairseq-train arguments of a named run, as benchmarks/gpu_speed.py builds them."""
-    g, synth = gpu_speed, gpu_speed.SYNTH_DIR
+    """fairseq-train arguments of a named run, as step_speed.py builds them."""
+    g, synth = _common, _common.SYNTH_DIR
     ours = g.ours_args(synth, g.CONNEAU)
     runs = {
         "conneau_stock": g.stock_args(synth, g.CONNEAU) + ["--fp16"],
@@ -221,7 +131,7 @@ def profile_one(args):
     name = args.one if world == 1 else f"{args.one}_{world}gpu_rank{rank}"
     profiler = StepProfiler(args.out, name, args.skip, args.steps, rank, args.trace)
     trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
-    sys.argv = ["fairseq-train", *run_arguments(args.one), *gpu_speed.ddp_arguments(world), *args.train_args.split(),
+    sys.argv = ["fairseq-train", *run_arguments(args.one), *_common.ddp_arguments(world), *args.train_args.split(),
                 "--max-update", str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
     train.cli_main()
 
@@ -243,16 +153,17 @@ def main():
     for name in args.runs.split(","):
         run_arguments(name)  # unknown names fail before anything runs
     os.makedirs(args.out, exist_ok=True)
-    gpu_speed.write_synthetic(gpu_speed.SYNTH_DIR)  # before torchrun's ranks start reading it
-    launcher = gpu_speed.PYTHON if args.gpus == 1 else gpu_speed.torchrun_launcher(args.gpus, "")
-    # NVLink multicast stays off on the lent machines; fairseq-train takes every visible GPU, so show it --gpus
+    _common.write_synthetic(_common.SYNTH_DIR)  # before torchrun's ranks start reading it
+    launcher = _common.PYTHON if args.gpus == 1 else _common.torchrun_launcher(args.gpus, "")
+    # NVLink multicast off (NCCL_NVLS_ENABLE=0), as every multi-GPU benchmark here ran; fairseq-train takes every
+    # visible GPU, so show it --gpus
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", CUDA_VISIBLE_DEVICES=",".join(map(str, range(args.gpus))))
     for name in args.runs.split(","):
         child = [*launcher, __file__, "--out", args.out, "--one", name, "--skip", str(args.skip), "--steps",
                  str(args.steps), f"--train-args={args.train_args}", *(["--trace"] if args.trace else [])]
         log_path = os.path.join(args.out, f"{name}.log" if args.gpus == 1 else f"{name}_{args.gpus}gpu.log")
         with open(log_path, "w") as log:
-            rc = gpu_speed.run_child(child, log, env)
+            rc = _common.run_child(child, log, env)
         with open(log_path, encoding="utf-8", errors="replace") as log:
             print("".join(line for line in log if line.startswith("[profile]")), end="", flush=True)
         if rc:

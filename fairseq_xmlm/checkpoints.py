@@ -108,21 +108,31 @@ def _short_reason(err):
 
 
 def safe_torch_load(f, map_location=None, **kwargs):
-    """`torch.load` for fairseq checkpoints: weights_only=True + allowlist, one clear XmlmError on failure."""
+    """`torch.load` for fairseq checkpoints: weights_only=True + allowlist, one clear XmlmError on failure.
+
+    A file that is missing, unreadable (empty, truncated, random bytes: torch raises one of a dozen types), refused
+    by the allowlist, or a torch file without a model (a knn table, a bare state dict) is an XmlmError naming it."""
     name = _file_name(f)
+    if isinstance(f, (str, os.PathLike)) and not os.path.isfile(f):
+        raise XmlmError(f"checkpoint {name} does not exist" if not os.path.exists(f) else
+                        f"checkpoint {name} is not a file")
     if _trusted():
         print(f"warning: loading checkpoint {name} with weights_only=False ({TRUST_ENV}=1 or trust=True): "
               "only do this for files from a trusted source", file=sys.stderr)
         return torch.load(f, map_location=map_location, weights_only=False, **kwargs)
     try:
-        return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError) as err:  # what damaged files raise
+        state = torch.load(f, map_location=map_location, weights_only=True, **kwargs)
+    except Exception as err:  # noqa: BLE001 (whatever a damaged file makes torch raise, it is this file's fault)
         refused = _refused_global(err) if isinstance(err, pickle.UnpicklingError) else None
         if refused:
             raise XmlmError(f"refusing to load checkpoint {name}: it contains the global {refused}, which is not "
                             f"on the checkpoint allowlist (set {TRUST_ENV}=1 only if you trust this file)") from None
         raise XmlmError(f"cannot read checkpoint {name}: corrupt, truncated or not a torch.save checkpoint "
                         f"({_short_reason(err)})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        found = f"keys {', '.join(map(str, list(state)[:5]))}" if isinstance(state, dict) else type(state).__name__
+        raise XmlmError(f"{name} is a torch file but not a fairseq checkpoint (no model weights; it holds {found})")
+    return state
 
 
 class _TorchWithSafeLoad(types.ModuleType):

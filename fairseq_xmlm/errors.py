@@ -1,6 +1,9 @@
-"""One exception type for bad input, and the one-line report every console script gives for it."""
+"""One exception type for bad input, and the one-line report every command gives for it."""
 import functools
 import sys
+
+# How a traceback printed by another process (a spawned fairseq worker, a DataLoader worker) names our error.
+_QUALIFIED_NAME = "fairseq_xmlm.errors.XmlmError: "
 
 
 class XmlmError(Exception):
@@ -10,6 +13,30 @@ class XmlmError(Exception):
     """
 
 
+def error_line(err):
+    """The one-line message of an XmlmError, raised in this process or in a worker; None for any other error.
+
+    A worker's error reaches this process as text: torch.multiprocessing.spawn raises ProcessRaisedException with
+    the worker's traceback, and a DataLoader re-raises a worker's XmlmError with that traceback as its message. The
+    last line of such a text is `fairseq_xmlm.errors.XmlmError: <message>`.
+    """
+    is_xmlm = isinstance(err, XmlmError)
+    if not is_xmlm and type(err).__name__ != "ProcessRaisedException":
+        return None
+    lines = str(err).strip().splitlines()
+    if lines and lines[-1].startswith(_QUALIFIED_NAME):
+        return lines[-1][len(_QUALIFIED_NAME):]
+    return " ".join(line.strip() for line in lines) if is_xmlm else None
+
+
+def exit_with_error_line(err):
+    """Print `error: <message>` and exit with status 2 if err is an XmlmError (here or in a worker); else return."""
+    line = error_line(err)
+    if line is not None:
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def cli_errors(main):
     """Decorate a console-script `main` so an XmlmError becomes one clear line on stderr and exit status 2."""
 
@@ -17,8 +44,26 @@ def cli_errors(main):
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except XmlmError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
+        except Exception as err:  # noqa: BLE001 (anything but an XmlmError is re-raised as it was)
+            exit_with_error_line(err)
+            raise
 
     return wrapper
+
+
+def install_excepthook():
+    """The same one line for an XmlmError that ends a program whose main we do not own: fairseq-train,
+    fairseq-preprocess, ... with `--user-dir fairseq_xmlm`. Any other error goes to the hook installed before.
+
+    sys.exit inside an excepthook is honoured: the interpreter exits with that status, running atexit handlers.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "reports_xmlm_errors", False):
+        return
+
+    def hook(kind, value, traceback):
+        exit_with_error_line(value)
+        previous(kind, value, traceback)
+
+    hook.reports_xmlm_errors = True
+    sys.excepthook = hook

@@ -10,6 +10,9 @@ device the batch lives on, and supports every replacement strategy of the two pa
             words, only the row language's own vocabulary for Conneau et al.'s "within"),
 - knn    -> one of the token's K nearest neighbours in the other language, uniformly (Dufter & Schuetze's
             knn-replace); a token without neighbours falls back to the mask symbol.
+
+Which of them a task uses, with which probabilities, is one `ReplacementConfig` (both tasks' flags
+`--replacement-probs`, `--random-replace`, `--no-random`, `--knn-replace`), resolved by `resolve_replacement_probs`.
 """
 from dataclasses import dataclass
 
@@ -18,6 +21,9 @@ import torch
 from fairseq_xmlm.errors import XmlmError
 
 REPLACEMENTS = ("mask", "keep", "random", "knn")
+RANDOM_SOURCES = ("cross", "within", "none")
+DEFAULT_PROBS = (0.8, 0.1, 0.1, 0.0)  # BERT's
+DEFAULT_KNN_PROBS = (0.5, 0.1, 0.1, 0.3)  # Dufter & Schuetze's knn-replace
 
 
 def parse_replacement_probs(text):
@@ -31,6 +37,48 @@ def parse_replacement_probs(text):
     if abs(sum(probs) - 1.0) > 1e-6:
         raise XmlmError(f"--replacement-probs must sum to 1, got {text!r} (sum {sum(probs):g})")
     return tuple(probs + [0.0] * (4 - len(probs)))
+
+
+@dataclass(frozen=True)
+class ReplacementConfig:
+    """What a target is replaced by, as the task flags say.
+
+    probs:           `--replacement-probs` "MASK,KEEP,RANDOM[,KNN]"; "" = DEFAULT_PROBS (DEFAULT_KNN_PROBS with knn)
+    random_replace:  where random words come from: "cross" (the whole vocabulary, BERT), "within" (the row
+                     language's own vocabulary, Conneau et al.), "none" (never: the RANDOM share goes to KEEP)
+    no_random:       `--no-random` (Dufter & Schuetze): random_replace "none", and an explicit RANDOM > 0 is refused
+    knn:             K of `--knn-replace` (0: off)
+    """
+
+    probs: str = ""
+    random_replace: str = "cross"
+    no_random: bool = False
+    knn: int = 0
+
+    @property
+    def random_source(self):
+        """"cross", "within" or "none", with --no-random applied."""
+        return "none" if self.no_random else self.random_replace
+
+
+def resolve_replacement_probs(config):
+    """A ReplacementConfig -> the (mask, keep, random, knn) probabilities the masker uses."""
+    if config.random_replace not in RANDOM_SOURCES:
+        raise XmlmError(f"--random-replace must be one of {', '.join(RANDOM_SOURCES)}, got {config.random_replace!r}")
+    probs = parse_replacement_probs(config.probs) if config.probs else None
+    if config.no_random:
+        if config.random_replace == "within":
+            raise XmlmError("--no-random contradicts --random-replace within")
+        if probs is not None and probs[2] > 0:
+            raise XmlmError("--no-random contradicts a RANDOM probability > 0 in --replacement-probs")
+    probs = probs or (DEFAULT_KNN_PROBS if config.knn else DEFAULT_PROBS)
+    if config.random_source == "none":
+        probs = (probs[0], probs[1] + probs[2], 0.0, probs[3])
+    if probs[3] > 0 and not config.knn:
+        raise XmlmError("a KNN probability in --replacement-probs needs --knn-replace K")
+    if config.knn and probs[3] == 0:
+        raise XmlmError("--knn-replace needs a KNN probability > 0 in --replacement-probs")
+    return probs
 
 
 @dataclass

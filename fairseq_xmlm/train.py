@@ -5,8 +5,8 @@ host read of fairseq's.
 fairseq's Trainer reads GPU values back on the host all through an update. Each read stops the host until the GPU has
 caught up, and the GPU then idles while the host works its way to the next kernel. Under DDP a read that follows a
 collective also makes every rank wait for the slowest host. On 4 H100s at the Conneau config, these reads and the
-collectives between them cost a 4-GPU update 5-9 ms over a 1-GPU one (docs/benchmarks.md, eleventh and thirteenth
-sessions). Per update, fairseq's trainer:
+collectives between them cost a 4-GPU update 5-9 ms over a 1-GPU one (4x H100 80GB, 2026-11-26 and 2026-11-27).
+Per update, fairseq's trainer:
 1. all-reduces the logged statistics in two collectives: one for the host's numbers, after a blocking copy to the
    GPU, and one for the GPU's tensors;
 2. reads the summed sample size (`sample_size or 1.0`), then the gradient norm;
@@ -17,7 +17,8 @@ sessions). Per update, fairseq's trainer:
 Under DDP, `XmlmTrainer` sums the statistics in one collective and brings them to the host in one copy, before the
 optimizer step. It hands the gradient norm on as a host tensor, and the norm's cross-rank check rides along in the next
 update's statistics. After the optimizer step the host reads nothing and goes on to the next batch while the step
-runs.
+runs. With xmlm_adamw's flat fp16 gradient under legacy_ddp, it starts the gradient's all-reduce right after the
+update's last backward (`start_gradient_all_reduce`), where fairseq's trainer waits for the statistics first.
 """
 import logging
 import os
@@ -28,6 +29,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.trainer import Trainer
 
 from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.optim.xmlm_adamw import start_gradient_all_reduce
 
 logger = logging.getLogger("fairseq_xmlm.train")
 
@@ -74,16 +76,23 @@ def check_consistent_grad_norms(norms, amp=False):
 
 class XmlmTrainer(Trainer):
     """fairseq's Trainer with one host wait per update under DDP (module docstring): its train_step is untouched;
-    three of the helpers it calls are replaced.
+    four of the helpers it calls are replaced.
 
-    One process keeps fairseq's own path: there no rank waits for another, and on 4 H200s (docs/benchmarks.md,
-    fourteenth session) reading the statistics before the gradient norm made a 1-GPU update slower (30.7-31.0
+    One process keeps fairseq's own path: there no rank waits for another, and on 4x H200 (2026-11-27, commit
+    c863eb6) reading the statistics before the gradient norm made a 1-GPU update slower (30.7-31.0
     against 31.9-32.2 updates/s): the host queued the gradient's gathering, unscaling and norm only after the
     backward had ended, where fairseq's path queues them behind the backward."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._unchecked_grad_norm = None  # this rank's last gradient norm, checked across ranks with the next stats
+
+    def _aggregate_logging_outputs(self, logging_outputs, *extra_stats_to_sum, ignore=False):
+        # In train_step (the model in training mode; valid_step evaluates) this follows the update's last backward:
+        # the flat gradient's all-reduce is queued behind that backward, before the statistics' collective.
+        if self.model.training:
+            start_gradient_all_reduce(self.optimizer, self.model)
+        return super()._aggregate_logging_outputs(logging_outputs, *extra_stats_to_sum, ignore=ignore)
 
     def _fast_stat_sync_sum(self, logging_outputs, *extra_stats_to_sum, ignore=False):
         values = {f"extra_stats_{i}": stat for i, stat in enumerate(extra_stats_to_sum)}

@@ -1,10 +1,13 @@
 """Session fixtures shared by the test modules: real Bible text, prepared data, tiny real training runs."""
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-# Triton's interpreter runs `short_attention`'s kernels on the CPU; Triton reads this as the kernels are defined
+# Triton's interpreter runs the packed encoder's attention kernels on the CPU; Triton reads this as the kernels are
+# defined (tests/gpu runs them compiled, with TRITON_INTERPRET=0)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
@@ -14,14 +17,41 @@ from fairseq_xmlm.data import bible  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_VERSIONS = {"en": "3", "en_kjv": "k", "fr": "l", "de": "s", "ru": "r", "hi": "i", "zh": "c"}
+# The code that writes the test Bibles: a change to it (the cleaning of a verse, say) is a new cache key.
+BIBLE_CODE = [REPO / "fairseq_xmlm" / "data" / "bible.py", REPO / "fairseq_xmlm" / "io.py"]
+TIMEOUT = 900  # seconds for any one command a fixture or helper runs (a tiny training run takes well under one)
+
+
+def bible_cache_key():
+    digest = hashlib.sha256(repr(sorted(TEST_VERSIONS.items())).encode())
+    for path in BIBLE_CODE:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def fetched_bible_dir():
-    """The test Bibles under the cache dir, fetched on first use (later runs and modules reuse them)."""
-    folder = bible.cache_dir() / "tests" / "bible"
-    if not all((folder / name).exists() for name in ["verses.tsv", *(f"{lang}.txt" for lang in TEST_VERSIONS)]):
-        bible.fetch_bible(folder, TEST_VERSIONS)
+    """The test Bibles, fetched once per version of the code that writes them (BIBLE_CODE) into the cache dir;
+    test Bibles of other versions of that code are removed."""
+    folder = bible.cache_dir() / "tests" / f"bible-{bible_cache_key()}"
+    if not folder.is_dir():
+        build = folder.with_name(f".{folder.name}.{os.getpid()}")
+        shutil.rmtree(build, ignore_errors=True)
+        bible.fetch_bible(build, TEST_VERSIONS)
+        try:
+            os.replace(build, folder)
+        except OSError:  # another test session built it first
+            shutil.rmtree(build, ignore_errors=True)
+        for stale in folder.parent.glob("bible*"):
+            if stale != folder and not stale.name.startswith("."):
+                shutil.rmtree(stale, ignore_errors=True)
     return folder
+
+
+def finished_then_aborted(output):
+    """fairseq-train trained, saved and said so, then the interpreter aborted while tearing down a C++ thread
+    (`terminate called without an active exception`; seen in 2 of about 8 CPU test sessions, in stock fairseq-train
+    runs after every line of fairseq's and our code had run): the checkpoint is complete, the failure is not ours."""
+    return "done training" in output and "terminate called without an active exception" in output
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +80,9 @@ def fairseq_train(data, save_dir, *extra, updates=8, batch_size=32, entry="fairs
         "--save-dir", str(save_dir), "--cpu", "--num-workers", "0", "--log-format", "simple", "--log-interval", "1",
         "--max-valid-steps", "2", "--no-epoch-checkpoints", "--seed", "1", *extra,
     ]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if result.returncode != 0:
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if result.returncode != 0 and not finished_then_aborted(result.stdout + result.stderr):
         raise AssertionError(f"{entry} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result.stdout + result.stderr
 
@@ -74,7 +105,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def en_fr_checkpoint(tmp_path_factory):
+def en_fr_checkpoint(bible_dir, tmp_path_factory):
     """Bible en+fr (joint sentencepiece, 600 pieces) -> a tiny sep-emb + sep-layer-1 encoder, 60 real updates.
 
     Every data-bin split is read by the genre benchmark; these books put every genre on every benchmark side.
@@ -82,8 +113,7 @@ def en_fr_checkpoint(tmp_path_factory):
     from fairseq_xmlm.data.prepare import prepare_pair
 
     root = tmp_path_factory.mktemp("en_fr")
-    bible.fetch_bible(root / "bible", {"en": "3", "fr": "l"})
-    prepare_pair(root / "bible", ["en", "fr"], "joint", 600, root / "data",
+    prepare_pair(bible_dir, ["en", "fr"], "joint", 600, root / "data",
                  train_books="Leviticus,Judges,Job,Micah,Acts,Galatians", valid_books="Ruth,Joel,Titus",
                  test_books="Ecclesiastes,Jonah,Ezra,2 Peter,Jude")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -94,7 +124,7 @@ def en_fr_checkpoint(tmp_path_factory):
                     "--tokens-per-sample", "64", "--criterion", "masked_lm", "--optimizer", "adam", "--lr", "1e-3",
                     "--batch-size", "16", "--max-update", "60", "--cpu", "--num-workers", "0",
                     "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(root / "ckpt")],
-                   cwd=REPO, env=env, check=True, capture_output=True)
+                   cwd=REPO, env=env, check=True, capture_output=True, timeout=TIMEOUT)
     return root / "ckpt" / "checkpoint_last.pt"
 
 

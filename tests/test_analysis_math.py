@@ -3,9 +3,21 @@ import numpy as np
 import pytest
 import torch
 
-from fairseq_xmlm.analysis.alignment import (csls_scores, iterative_normalize, nearest_neighbours, procrustes,
-                                             translation_accuracy, unsupervised_mapping)
-from fairseq_xmlm.analysis.cka import debiased_linear_cka, linear_cka
+import fairseq_xmlm.analysis
+from fairseq_xmlm.analysis import (csls_scores, debiased_linear_cka, iterative_normalize, linear_cka,
+                                   nearest_neighbours, procrustes, translation_accuracy, unsupervised_mapping)
+
+DOCUMENTED = ["procrustes", "iterative_normalize", "csls_scores", "nearest_neighbours", "translation_accuracy",
+              "linear_cka", "debiased_linear_cka", "unsupervised_mapping"]
+
+
+def test_the_package_exports_the_documented_functions():
+    """`from fairseq_xmlm.analysis import procrustes, ...` as the README shows (this module imports them so)."""
+    from fairseq_xmlm.analysis import alignment, cka
+
+    assert sorted(fairseq_xmlm.analysis.__all__) == sorted(DOCUMENTED)
+    for name in DOCUMENTED:
+        assert getattr(fairseq_xmlm.analysis, name) is getattr(alignment if hasattr(alignment, name) else cka, name)
 
 
 def random_orthogonal(d, seed):

@@ -1,11 +1,15 @@
 """xmlm-analyze sentence|cka end to end on the tiny real Fake-English checkpoint of conftest."""
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
 
 from fairseq_xmlm.analysis import cli
+from fairseq_xmlm.analysis.sentence_retrieval import sentence_retrieval
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.vocabulary import WORD_START
 
 SMALL = ["--max-sentences", "300", "--n-train", "200", "--device", "cpu"]
 
@@ -14,18 +18,23 @@ def test_sentence_retrieval_recovers_a_rotated_copy():
     rng = np.random.default_rng(0)
     a = rng.standard_normal((300, 32))
     q, _ = np.linalg.qr(rng.standard_normal((32, 32)))
-    result = cli.sentence_retrieval(a, a @ q + 0.01 * rng.standard_normal((300, 32)), n_train=100)
+    result = sentence_retrieval(a, a @ q + 0.01 * rng.standard_normal((300, 32)), n_train=100)
     assert result == {"a_to_b": 1.0, "b_to_a": 1.0}
-    unrelated = cli.sentence_retrieval(a, rng.standard_normal((300, 32)), n_train=100)
+    unrelated = sentence_retrieval(a, rng.standard_normal((300, 32)), n_train=100)
     assert unrelated["a_to_b"] < 0.1
     with pytest.raises(XmlmError, match="held-out"):
-        cli.sentence_retrieval(a, a, n_train=300)
+        sentence_retrieval(a, a, n_train=300)
 
 
 def test_sentence_and_cka_on_a_real_checkpoint(fake_english_checkpoint, tmp_path):
     ckpt = str(fake_english_checkpoint)
-    sentence = cli.run(["sentence", "--model-a", ckpt, "--lang-a", "0", "--lang-b", "1", "--out", str(tmp_path),
-                         *SMALL])
+    umask = os.umask(0o022)  # results are for the group to read, as a plain open() would make them
+    try:
+        sentence = cli.run(["sentence", "--model-a", ckpt, "--lang-a", "0", "--lang-b", "1", "--out", str(tmp_path),
+                             *SMALL])
+    finally:
+        os.umask(umask)
+    assert {stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("sentence.json", "sentence.png")} == {0o644}
     written = json.loads((tmp_path / "sentence.json").read_text())
     assert written == json.loads(json.dumps(sentence))
     assert (tmp_path / "sentence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -61,7 +70,7 @@ def write_identity_dictionaries(checkpoint, folder):
     _, task, _ = load_checkpoint(checkpoint)
     english = task.english
     words = [english[i][1:] for i in sorted(range(english.nspecial, len(english)), key=lambda i: -english.count[i])
-             if english[i].startswith(cli.WORD_START) and english[i][1:].isalpha()]
+             if english[i].startswith(WORD_START) and english[i][1:].isalpha()]
     (folder / "test.txt").write_text("".join(f"{w} {w}\n" for w in words[:40]))
     (folder / "train.txt").write_text("".join(f"{w} {w}\n" for w in words[40:400]))
     (folder / "unknown.txt").write_text("qqqzzz xxxyyy\n")

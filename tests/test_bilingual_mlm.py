@@ -12,12 +12,14 @@ import pytest
 import torch
 from fairseq.data import data_utils, indexed_dataset
 
-from conftest import REPO
+from conftest import REPO, TIMEOUT
 from fairseq_xmlm.checkpoints import load_checkpoint, safe_torch_load
-from fairseq_xmlm.experiments.conneau import SETTINGS
+from fairseq_xmlm.experiments.conneau.runs import SETTINGS
 from fairseq_xmlm.models.partially_shared_roberta import PartiallySharedRoberta, PartiallySharedRobertaConfig
+from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.tasks.bilingual_mlm import BilingualMLMConfig, BilingualMLMTask, LanguageBatches, cut_streams
-from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
+from fairseq_xmlm.tasks.contract import LanguageTask
+from fairseq_xmlm.vocabulary import dictionary_fingerprint, load_data_dictionary, load_split_sentences
 
 LAYERS = 6
 TINY = ["--encoder-layers", str(LAYERS), "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
@@ -155,6 +157,48 @@ def test_none_keeps_the_random_share_as_the_original_word(bible_en_fr_data):
     assert torch.equal(replaced, original)
 
 
+def test_no_random_is_random_replace_none(bible_en_fr_data):
+    """One policy for both tasks: --no-random moves the RANDOM share to KEEP as --random-replace none does, and
+    refuses an explicit RANDOM share (which --random-replace none folds)."""
+    assert make_task(bible_en_fr_data, no_random=True).replacement_probs == (0.8, 0.2, 0.0, 0.0)
+    assert make_task(bible_en_fr_data, random_replace="none").replacement_probs == (0.8, 0.2, 0.0, 0.0)
+    assert make_task(bible_en_fr_data, random_replace="none", replacement_probs="0.5,0.2,0.3").replacement_probs \
+        == (0.5, 0.5, 0.0, 0.0)
+    with pytest.raises(XmlmError, match="--no-random contradicts a RANDOM probability"):
+        make_task(bible_en_fr_data, no_random=True, replacement_probs="0,0,1")
+    with pytest.raises(XmlmError, match="--no-random contradicts --random-replace within"):
+        make_task(bible_en_fr_data, no_random=True, random_replace="within")
+
+
+def test_knn_replace_draws_from_the_table_of_the_shared_dictionary(bible_en_fr_data, tmp_path):
+    """The knn flags are bilingual_mlm's too: every target becomes one of its two listed neighbours."""
+    dictionary = make_task(bible_en_fr_data).dictionary
+    ids = torch.arange(len(dictionary))
+    neighbours = torch.stack([(ids + 1) % len(dictionary), (ids + 7) % len(dictionary)], dim=1)
+    torch.save({"neighbours": neighbours, "dict_size": len(dictionary), "k": 2, "langs": ["en", "fr"],
+                "dict_md5": dictionary_fingerprint(dictionary)}, tmp_path / "knn.pt")
+    task = make_task(bible_en_fr_data, knn_replace=2, knn_table=str(tmp_path / "knn.pt"),
+                     replacement_probs="0,0,0,1", mask_prob=0.5)
+    task.load_dataset("train")
+    dataset = task.datasets["train"]
+    batch = dataset.collater([dataset[i] for i in range(200)])
+    targets = batch["target"].ne(task.dictionary.pad())
+    replaced, original = batch["net_input"]["src_tokens"][targets], batch["target"][targets]
+    assert len(original) > 1000
+    assert ((replaced == neighbours[original, 0]) | (replaced == neighbours[original, 1])).all()
+    assert (replaced == neighbours[original, 1]).float().mean() == pytest.approx(0.5, abs=0.05)
+    with pytest.raises(XmlmError, match="needs a KNN probability"):
+        make_task(bible_en_fr_data, knn_replace=2, knn_table=str(tmp_path / "knn.pt"), replacement_probs="0.8,0.1,0.1")
+    assert make_task(bible_en_fr_data, knn_replace=2, knn_table=str(tmp_path / "knn.pt")).replacement_probs == \
+        (0.5, 0.1, 0.1, 0.3)
+
+
+def test_the_task_fulfils_the_evaluation_contract(bible_en_fr_data):
+    task = make_task(bible_en_fr_data)
+    assert isinstance(task, LanguageTask)
+    assert task.mask_symbol(1) == task.dictionary.index("<mask>") and not task.reverses(1) and not task.lang_pos
+
+
 # --- separate softmax --------------------------------------------------------------------------------------------
 def test_sep_emb_softmax_covers_only_the_language_vocabulary(bible_en_fr_data):
     task = make_task(bible_en_fr_data)
@@ -186,7 +230,7 @@ def train_command(data, save_dir, *extra):
 
 def run(command):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -279,9 +323,9 @@ def test_checkpoint_round_trip_keeps_the_language_structure(runs):
 ])
 def test_bad_input_ends_in_one_clear_line(runs, name, message):
     process, save_dir = runs[name]
-    assert process.returncode != 0
+    assert process.returncode == 2 and "Traceback" not in process.stderr
     last = process.stderr.strip().splitlines()[-1]
-    assert last.startswith("fairseq_xmlm.errors.XmlmError: ") and message in last
+    assert last.startswith("error: ") and message in last
     assert not (save_dir / "checkpoint_last.pt").exists()
 
 

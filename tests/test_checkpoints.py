@@ -13,6 +13,7 @@ import torch
 from fairseq import checkpoint_utils
 from omegaconf import DictConfig, OmegaConf
 
+from conftest import TIMEOUT, finished_then_aborted
 from fairseq_xmlm.checkpoints import TRUST_ENV, load_checkpoint, trusted_checkpoints
 from fairseq_xmlm.errors import XmlmError
 
@@ -25,18 +26,11 @@ TINY_ROBERTA = ["--task", "masked_lm", "--arch", "roberta_base", "--criterion", 
                 "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "1"]
 
 
-def aborted_after_finishing(proc):
-    """fairseq-train trained, saved and said so, then the interpreter aborted while tearing down a C++ thread
-    (`terminate called without an active exception`; seen in 2 of about 8 CPU test sessions, in stock fairseq-train
-    runs after every line of fairseq's and our code had run): the checkpoint is complete, the failure is not ours."""
-    return "done training" in proc.stdout and "terminate called without an active exception" in proc.stdout
-
-
 def run_tool(tool, *args, env=None, check=True):
     """Run a venv console script from the repo root (so `--user-dir fairseq_xmlm` is relative); output in .stdout."""
     proc = subprocess.run([str(VENV_BIN / tool), *map(str, args)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    if check and proc.returncode != 0 and not aborted_after_finishing(proc):
+                          stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT)
+    if check and proc.returncode != 0 and not finished_then_aborted(proc.stdout):
         raise AssertionError(f"{tool} failed:\n{proc.stdout[-3000:]}")
     return proc
 
@@ -96,7 +90,7 @@ def test_stock_torch_load_needs_the_allowlist(tiny_roberta):
     # Control: without fairseq_xmlm, torch's default weights_only=True refuses fairseq's own checkpoint.
     code = "import sys, torch; torch.load(sys.argv[1])"
     proc = subprocess.run([sys.executable, "-c", code, tiny_roberta / "ckpt" / "checkpoint_last.pt"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr
 
 

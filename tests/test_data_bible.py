@@ -3,25 +3,12 @@ import re
 
 import pytest
 
+from conftest import TEST_VERSIONS, fetched_bible_dir  # noqa: F401  (test modules import the fetcher from here)
 from fairseq_xmlm.data import bible
 from fairseq_xmlm.data.sentences import split_sentences
 from fairseq_xmlm.errors import XmlmError
 
-TEST_VERSIONS = {"en": "3", "en_kjv": "k", "fr": "l", "de": "s", "ru": "r", "hi": "i", "zh": "c"}
 JOHN_3_16 = (43, 3, 16)
-
-
-def fetched_bible_dir():
-    """The test Bibles under the cache dir, fetched on first use (later runs and modules reuse them)."""
-    folder = bible.cache_dir() / "tests" / "bible"
-    if not all((folder / name).exists() for name in ["verses.tsv", *(f"{lang}.txt" for lang in TEST_VERSIONS)]):
-        bible.fetch_bible(folder, TEST_VERSIONS)
-    return folder
-
-
-@pytest.fixture(scope="session")
-def bible_dir():
-    return fetched_bible_dir()
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_xmlm.data import freedict
+from fairseq_xmlm.data.muse import load_muse_dictionary
 from fairseq_xmlm.errors import XmlmError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -52,7 +53,7 @@ def test_vocab_filter_and_test_split(tmp_path):
     out, test_out = tmp_path / "en-fr.txt", tmp_path / "en-fr.test.txt"
     counts = freedict.build_dictionary("en-fr", out, vocab=bible_dir / "en.txt", tgt_vocab=bible_dir / "fr.txt",
                                        test_size=100, test_out=test_out)
-    train, test = freedict.load_muse_dictionary(out), freedict.load_muse_dictionary(test_out)
+    train, test = load_muse_dictionary(out), load_muse_dictionary(test_out)
     assert counts["train"] == len(train) > 500 and counts["test"] == len(test)
     english = freedict.word_frequencies(bible_dir / "en.txt")
     french = freedict.word_frequencies(bible_dir / "fr.txt")
@@ -61,16 +62,6 @@ def test_vocab_filter_and_test_split(tmp_path):
     assert len(test_sources) == 100 and not test_sources & {src for src, _ in train}
     # the test words are the most frequent dictionary words of the corpus
     assert min(english[w] for w in test_sources) >= max(english[src] for src, _ in train)
-
-
-def test_load_muse_dictionary(tmp_path):
-    path = tmp_path / "d.txt"
-    path.write_text("dog chien 0.7\ndog toutou 0.3\ncat chat\n\n")
-    assert freedict.load_muse_dictionary(path) == [("dog", "chien"), ("dog", "toutou"), ("cat", "chat")]
-    assert freedict.load_muse_dictionary(path, with_weights=True)[-1] == ("cat", "chat", 1.0)
-    path.write_text("dog chien\nthree words here too\n")
-    with pytest.raises(XmlmError, match="line 2 is not `src tgt"):
-        freedict.load_muse_dictionary(path)
 
 
 def test_errors(tmp_path, capsys):

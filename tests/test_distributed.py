@@ -1,6 +1,6 @@
 """fairseq's own data-parallel training with the plugin: two ranks on the CPU (gloo, fairseq's legacy_ddp, since
 torch's DDP wrapper takes GPU device ids only). On GPUs the same code runs over NCCL with `pytorch_ddp`
-(`benchmarks/gpu_speed.py --sections multigpu`)."""
+(`benchmarks/ddp_scaling.py`)."""
 import math
 import os
 import re

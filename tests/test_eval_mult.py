@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import fairseq_train, expect_cli_error
+from conftest import TIMEOUT, fairseq_train, expect_cli_error
 from fairseq_xmlm.evaluation import eval_mult
-from fairseq_xmlm.evaluation.figures import curves_over_seeds, plot_training_curves
+from fairseq_xmlm.experiments.dufter.figures import curves_over_seeds, plot_training_curves
 
 ARGS = ["--max-sentences", "200", "--max-train-sentences", "200"]
 
@@ -77,7 +77,7 @@ def test_an_untrained_model_is_not_multilingual(evaluated):
 def test_console_script_prints_one_summary_line(fake_english_checkpoint, fake_english_data):
     command = [str(Path(sys.executable).parent / "xmlm-eval-mult"), str(fake_english_checkpoint), "--data",
                str(fake_english_data), "--layers", "0", "2", "--max-sentences", "50", "--max-train-sentences", "50"]
-    finished = subprocess.run(command, capture_output=True, text=True)
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
     assert finished.returncode == 0, finished.stderr[-2000:]
     lines = finished.stdout.strip().splitlines()
     assert len(lines) == 1

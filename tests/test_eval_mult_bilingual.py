@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import fairseq_train, expect_cli_error
+from conftest import TIMEOUT, fairseq_train, expect_cli_error
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.evaluation import eval_mult
-from fairseq_xmlm.evaluation.multilinguality import precision_at_1, word_symbols
+from fairseq_xmlm.evaluation.multilinguality import precision_at_1
+from fairseq_xmlm.evaluation.scores import word_symbols
 
 LAYERS = ["--layers", "0", "2"]
 TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
@@ -82,7 +83,8 @@ def test_without_a_dictionary_tau_is_null_and_mu_is_rho(checkpoint, bible_en_fr_
     command = [str(Path(sys.executable).parent / "xmlm-eval-mult"), str(checkpoint), "--data", str(bible_en_fr_data),
                "--layers", "1", "--split", "test", "--max-sentences", "30", "--max-train-sentences", "30", "--json",
                str(checkpoint.parent / "nodict.json")]
-    finished = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finished = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              timeout=TIMEOUT)
     assert finished.returncode == 0, finished.stderr[-2000:]
     lines = finished.stdout.strip().splitlines()
     assert len(lines) == 1 and "L1 F1=- rho=" in lines[0] and "tau=-" in lines[0]
@@ -126,7 +128,7 @@ def test_data_of_other_languages_is_refused(checkpoint, bible_dir, tmp_path, cap
 
 def test_conneau_table_rows_report_the_same_retrieval(evaluated, checkpoint, bible_en_fr_data):
     """The Table 1 driver scores every layer with eval-mult's retrieval (here on the same valid verses)."""
-    from fairseq_xmlm.experiments.conneau import retrieval_by_layer
+    from fairseq_xmlm.experiments.conneau.evaluate import retrieval_by_layer
 
     model, task, _ = load_checkpoint(checkpoint, data=bible_en_fr_data)
     by_layer = retrieval_by_layer(model, task, split="valid")

@@ -2,9 +2,13 @@
 import pytest
 import torch
 
-from conftest import fairseq_train
+from conftest import TIMEOUT, fairseq_train
+from fairseq.data import data_utils
+
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.masking import ReplacementConfig, resolve_replacement_probs
+from fairseq_xmlm.tasks.contract import LanguageTask
 from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask
 from fairseq_xmlm.vocabulary import dictionary_fingerprint
 
@@ -29,6 +33,14 @@ def write_twin_table(task, path, k=3):
     torch.save({"neighbours": neighbours, "dict_size": 2 * v, "dict_md5": dictionary_fingerprint(task.dictionary),
                 "k": k, "langs": ["en", "fake"]}, path)
     return neighbours
+
+
+def original_tokens(task, batch, split="train"):
+    """The batch's sentences before masking, padded as the collater pads them (from the dataset's own buffer)."""
+    dataset = task.datasets[split]
+    items = [torch.from_numpy(dataset.tokens[dataset.offsets[i]:dataset.offsets[i + 1]])
+             for i in batch["id"].tolist()]
+    return data_utils.collate_tokens(items, task.dictionary.pad())
 
 
 def replacement_counts(task, sample_batches):
@@ -75,11 +87,63 @@ def test_no_random_never_inserts_a_new_token(fake_english_data):
     sample = batches(task)
     for batch in sample:
         inputs, target = batch["net_input"]["src_tokens"], batch["target"]
+        original = original_tokens(task, batch)
         at = target.ne(task.dictionary.pad())
+        assert at.any() and torch.equal(target[at], original[at])
         assert (inputs[at].eq(target[at]) | inputs[at].eq(task.mask_idx)).all()
-        assert torch.equal(inputs[~at], batch["net_input"]["src_tokens"][~at])
+        assert torch.equal(inputs[~at], original[~at])  # non-targets keep their token
     targets, _, n_mask, n_keep, n_random = replacement_counts(task, sample)
-    assert n_random == 0 and abs(n_keep / targets - 0.2) < 0.02
+    assert n_random == 0 and abs(n_keep / targets - 0.2) < 0.02 and abs(n_mask / targets - 0.8) < 0.02
+
+
+def test_the_non_target_check_catches_a_changed_token(fake_english_data):
+    """original_tokens reads the data, not the batch: a non-target changed in the batch is caught."""
+    task = make_task(fake_english_data, no_random=True)
+    batch = batches(task, n=1)[0]
+    inputs, at = batch["net_input"]["src_tokens"].clone(), batch["target"].ne(task.dictionary.pad())
+    row, col = (~at & inputs.ne(task.dictionary.pad())).nonzero()[0].tolist()
+    inputs[row, col] += 1
+    assert not torch.equal(inputs[~at], original_tokens(task, batch)[~at])
+
+
+def test_random_replace_within_keeps_random_words_in_the_row_language(fake_english_data):
+    task = make_task(fake_english_data, random_replace="within")
+    assert task.replacement_probs == (0.8, 0.1, 0.1, 0.0)
+    replaced_words = 0
+    for batch in batches(task, n=10):
+        inputs, target, langs = batch["net_input"]["src_tokens"], batch["target"], batch["net_input"]["lang_ids"]
+        replaced = target.ne(task.dictionary.pad()) & inputs.ne(target) & inputs.ne(task.mask_idx)
+        assert ((inputs >= task.english_size).long().eq(langs.unsqueeze(1)) | ~replaced).all()
+        assert not torch.isin(inputs[replaced], torch.tensor(sorted(task.special_ids))).any()
+        replaced_words += int(replaced.sum())
+    assert replaced_words > 100
+
+
+@pytest.mark.parametrize("config, probs", [
+    (ReplacementConfig(), (0.8, 0.1, 0.1, 0.0)),
+    (ReplacementConfig(knn=3), (0.5, 0.1, 0.1, 0.3)),
+    (ReplacementConfig(no_random=True), (0.8, 0.2, 0.0, 0.0)),
+    (ReplacementConfig(no_random=True, knn=3), (0.5, 0.2, 0.0, 0.3)),
+    (ReplacementConfig("0.6,0.4,0", no_random=True), (0.6, 0.4, 0.0, 0.0)),
+    (ReplacementConfig(random_replace="none"), (0.8, 0.2, 0.0, 0.0)),
+    (ReplacementConfig("0.5,0.2,0.3", random_replace="none"), (0.5, 0.5, 0.0, 0.0)),
+    (ReplacementConfig("0.5,0.2,0.3", random_replace="within"), (0.5, 0.2, 0.3, 0.0)),
+])
+def test_one_replacement_policy(config, probs):
+    """--no-random is --random-replace none, as Dufter's "no-random" (.8,.2,0) and Conneau's "none" both mean."""
+    assert resolve_replacement_probs(config) == pytest.approx(probs)
+
+
+def test_an_unknown_random_source_is_refused(fake_english_data):
+    with pytest.raises(XmlmError, match="--random-replace must be one of cross, within, none, got 'everywhere'"):
+        make_task(fake_english_data, random_replace="everywhere")
+
+
+def test_the_task_fulfils_the_evaluation_contract(fake_english_data):
+    task = make_task(fake_english_data, inv_order=True, shift_special=True)
+    assert isinstance(task, LanguageTask)
+    assert task.reverses(1) and not task.reverses(0)
+    assert task.mask_symbol(1) == task.mask_idx + task.english_size and task.mask_symbol(0) == task.mask_idx
 
 
 def test_knn_replacements_come_from_the_other_language_neighbour_list(fake_english_data, tmp_path):
@@ -242,6 +306,7 @@ def test_a_data_loader_worker_serves_every_sentence_of_an_epoch(fake_english_dat
 
     script = tmp_path / "workers.py"
     script.write_text(WORKER_SCRIPT)
-    result = subprocess.run([sys.executable, str(script), str(fake_english_data)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(script), str(fake_english_data)], capture_output=True, text=True,
+                            timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert int(result.stdout.split()[-1]) == 2 * len(make_task(fake_english_data).load_split_sentences("train"))

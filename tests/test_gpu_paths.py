@@ -1,6 +1,6 @@
 """The speed paths give the plain path's results: compiled layers, bf16 autocast, xmlm_adamw (and its flat fp32
 master weights under --memory-efficient-fp16), sync-free embedding lookup, the GPU packer, and one batch iterator
-(with its workers) for the whole run. All on the CPU (the GPU figures are in docs/benchmarks.md)."""
+(with its workers) for the whole run. All on the CPU (the GPU figures are in docs/performance.md)."""
 import json
 import math
 import os
@@ -19,9 +19,8 @@ from fairseq.optim import FP16Optimizer, MemoryEfficientFP16Optimizer, build_opt
 from omegaconf import OmegaConf
 from torch.nn.attention import SDPBackend
 
-from conftest import fairseq_train
+from conftest import TIMEOUT, fairseq_train
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.gpu_pack import run_packed
 from fairseq_xmlm.models.partially_shared_roberta import (
     PartiallySharedRoberta,
     PartiallySharedRobertaConfig,
@@ -29,6 +28,7 @@ from fairseq_xmlm.models.partially_shared_roberta import (
     route_by_language,
 )
 from fairseq_xmlm.optim.xmlm_adamw import XmlmAdamWConfig, parse_betas
+from fairseq_xmlm.packed.processes import Job, run_jobs
 
 V, T = 48, 10
 
@@ -222,98 +222,99 @@ def test_bad_betas_are_one_clear_error(bad):
         parse_betas(bad)
 
 
-def test_gpu_pack_runs_everything_with_bounded_slots_and_names_failures(tmp_path):
+def test_run_jobs_runs_everything_with_bounded_slots_and_names_failures(tmp_path):
     marker = tmp_path / "live"
     # each run records how many runs were alive at once through a shared counter file
     script = ("import os,sys,time,fcntl;p=sys.argv[1]\n"
               "def bump(d):\n f=open(p,'a+');fcntl.flock(f,fcntl.LOCK_EX);f.seek(0);n=int(f.read() or 0)+d;"
               "f.seek(0);f.truncate();f.write(str(n));f.close();return n\n"
               "n=bump(1);open(p+'.max','a').write(f'{n}\\n');time.sleep(0.3);bump(-1);sys.exit(int(sys.argv[2]))")
-    commands = [[sys.executable, "-c", script, str(marker), "0"] for _ in range(5)]
-    walls = run_packed(commands, slots=2, log_dir=tmp_path / "logs", poll_s=0.02)
+    jobs = [Job([sys.executable, "-c", script, str(marker), "0"]) for _ in range(5)]
+    walls = run_jobs(jobs, slots=2, log_dir=tmp_path / "logs", poll_s=0.02)
     assert len(walls) == 5 and all(w >= 0.3 for w in walls)
     peaks = [int(x) for x in (tmp_path / "live.max").read_text().split()]
     assert len(peaks) == 5 and max(peaks) == 2
     (tmp_path / "live.max").unlink()
-    run_packed(commands, slots=5, log_dir=tmp_path / "logs1", poll_s=0.02, costs=[.6, .6, .3, .3, .3], capacity=1)
+    run_jobs([Job(job.argv, cost=cost) for job, cost in zip(jobs, [.6, .6, .3, .3, .3])], slots=5,
+             log_dir=tmp_path / "logs1", poll_s=0.02, capacity=1)
     peaks = [int(x) for x in (tmp_path / "live.max").read_text().split()]
     assert len(peaks) == 5 and max(peaks) == 2  # .6 + .3 fit in 1, nothing more does
-    commands[3] = [sys.executable, "-c", script, str(marker), "3"]
+    jobs[3] = Job([sys.executable, "-c", script, str(marker), "3"])
     with pytest.raises(XmlmError, match=r"1 of 5 packed runs failed; see .*3\.log"):
-        run_packed(commands, slots=3, log_dir=tmp_path / "logs2", poll_s=0.02)
+        run_jobs(jobs, slots=3, log_dir=tmp_path / "logs2", poll_s=0.02)
 
 
-def test_run_packed_spreads_runs_over_gpus_by_memory(tmp_path):
+def test_run_jobs_spreads_runs_over_gpus_by_memory(tmp_path):
     """Each run sees one GPU; capacity holds per GPU: .6 + .3 fit on one, a second .6 goes to the other, and a
     fifth run (.5) fits nowhere until one of them has ended."""
     script = ("import os,sys,time;print(os.environ['CUDA_VISIBLE_DEVICES'], time.time());"
               "time.sleep(float(sys.argv[1]));print(time.time())")
-    commands = [[sys.executable, "-c", script, seconds] for seconds in ("0.6", "0.6", "0.6", "0.6", "0")]
-    run_packed(commands, slots=8, log_dir=tmp_path, poll_s=0.02, costs=[.6, .6, .3, .3, .5], capacity=1,
-               devices=[0, 1])
+    jobs = [Job([sys.executable, "-c", script, seconds], cost=cost)
+            for seconds, cost in zip(("0.6", "0.6", "0.6", "0.6", "0"), (.6, .6, .3, .3, .5))]
+    run_jobs(jobs, slots=8, log_dir=tmp_path, poll_s=0.02, capacity=1, devices=[0, 1])
     gpu, started, ended = zip(*((tmp_path / f"{i}.log").read_text().split() for i in range(5)))
     assert gpu[:4] == ("0", "1", "0", "1")
     assert float(started[4]) >= min(map(float, ended[:4]))  # timing-free: it waited for an end
 
 
-def test_run_packed_puts_at_most_fills_per_gpu_runs_that_fill_one_on_it(tmp_path):
+def test_run_jobs_puts_at_most_fills_per_gpu_runs_that_fill_one_on_it(tmp_path):
     """Runs that fill a GPU: at most fills_per_gpu of them at once on the one GPU, while the others start beside."""
     script = "import sys,time;print(time.time());time.sleep(float(sys.argv[1]));print(time.time())"
     for fills_per_gpu in (1, 2):
         logs = tmp_path / str(fills_per_gpu)
-        commands = [[sys.executable, "-c", script, seconds] for seconds in ("0.5", "0.5", "0.5", "0")]
-        run_packed(commands, slots=4, log_dir=logs, poll_s=0.02, costs=[.1] * 4, capacity=1,
-                   fills=[True, True, True, False], fills_per_gpu=fills_per_gpu)
+        jobs = [Job([sys.executable, "-c", script, seconds], cost=.1, fills_gpu=fills)
+                for seconds, fills in zip(("0.5", "0.5", "0.5", "0"), (True, True, True, False))]
+        run_jobs(jobs, slots=4, log_dir=logs, poll_s=0.02, capacity=1, fills_per_gpu=fills_per_gpu)
         started, ended = zip(*((float(t) for t in (logs / f"{i}.log").read_text().split()) for i in range(4)))
         waited = started[fills_per_gpu] >= min(ended[:fills_per_gpu])  # timing-free: it waited for an end
         assert waited and started[fills_per_gpu - 1] < ended[0]  # ... and the ones before it did not
         assert started[3] < ended[0]  # the run that does not fill the GPU did not wait
 
 
-def test_run_packed_runs_the_follow_ups_left_at_the_end_end_slots_at_a_time(tmp_path):
+def test_run_jobs_runs_the_follow_ups_left_at_the_end_end_slots_at_a_time(tmp_path):
     """Once no command is left to run, the queued follow-ups start end_slots at a time instead of slots."""
     script = "import sys,time;print(time.time());time.sleep(0.4);print(time.time())"
     follow_ups = [[sys.executable, "-c", script] for _ in range(3)]
-    run_packed([[sys.executable, "-c", "pass"]], slots=1, log_dir=tmp_path, poll_s=0.02, then=[follow_ups],
-               end_slots=3)
+    run_jobs([Job([sys.executable, "-c", "pass"], then=follow_ups)], slots=1, log_dir=tmp_path, poll_s=0.02,
+             end_slots=3)
     started, ended = zip(*((float(t) for t in (tmp_path / f"{i}.log").read_text().split()) for i in (1, 2, 3)))
     assert max(started) < min(ended)  # timing-free: all three ran at once, where slots=1 runs one at a time
 
 
-def test_run_packed_runs_follow_ups_of_successful_runs_first(tmp_path):
-    """then[i] starts as soon as run i succeeded, ahead of the queue; a failed run's follow-ups never start."""
+def test_run_jobs_runs_follow_ups_of_successful_runs_first(tmp_path):
+    """A job's `then` starts as soon as it succeeded, ahead of the queue; a failed job's follow-ups never start."""
     def printing(label, status=0):
         return [sys.executable, "-c", f"import sys,time;print('{label}', time.time());sys.exit({status})"]
 
-    commands = [printing("train_a"), printing("train_b", status=1), printing("queued")]
+    jobs = [Job(printing("train_a"), then=[printing("eval_a")]),
+            Job(printing("train_b", status=1), then=[printing("eval_b")]), Job(printing("queued"))]
     with pytest.raises(XmlmError, match=r"1 of 4 packed runs failed; see .*1\.log"):
-        run_packed(commands, slots=1, log_dir=tmp_path, poll_s=0.02,
-                   then=[[printing("eval_a")], [printing("eval_b")], []])
+        run_jobs(jobs, slots=1, log_dir=tmp_path, poll_s=0.02)
     started = dict(p.read_text().split() for p in tmp_path.glob("*.log"))
     assert sorted(started, key=lambda label: float(started[label])) == ["train_a", "eval_a", "train_b", "queued"]
 
 
-def test_run_packed_runs_the_beside_follow_ups_while_other_runs_remain(tmp_path):
-    """then_beside[i] replaces then[i] when run i ends while other runs are running or queued (an evaluation on the
-    CPU while training goes on), and queues behind the runs yet to start; the last run's follow-ups are then[i]."""
+def test_run_jobs_runs_the_beside_follow_ups_while_other_runs_remain(tmp_path):
+    """A job's `then_beside` replaces its `then` when it ends while other jobs are running or queued (an evaluation
+    on the CPU while training goes on), and queues behind the jobs yet to start; the last job's follow-ups are its
+    `then`."""
     def printing(label):
         return [sys.executable, "-c", f"import time;print('{label}', time.time())"]
 
-    run_packed([printing("train_a"), printing("train_b"), printing("train_c")], slots=1, log_dir=tmp_path,
-               poll_s=0.02, then=[[printing("gpu_eval_a")], [printing("gpu_eval_b")], [printing("gpu_eval_c")]],
-               then_beside=[[printing("cpu_eval_a")], [printing("cpu_eval_b")], [printing("cpu_eval_c")]])
+    run_jobs([Job(printing(f"train_{x}"), then=[printing(f"gpu_eval_{x}")], then_beside=[printing(f"cpu_eval_{x}")])
+              for x in "abc"], slots=1, log_dir=tmp_path, poll_s=0.02)
     started = dict(p.read_text().split() for p in tmp_path.glob("*.log"))
     assert sorted(started, key=lambda label: float(started[label])) == ["train_a", "train_b", "train_c",
                                                                         "gpu_eval_c", "cpu_eval_a", "cpu_eval_b"]
 
 
-def test_run_packed_passes_sigterm_on_and_stops(tmp_path):
+def test_run_jobs_passes_sigterm_on_and_stops(tmp_path):
     """SIGTERM to the packer reaches every running run (so a packed group can save its state), queued ones never
     start, and the packer ends with one error."""
     script = ("import signal,sys,time\n"
               "signal.signal(signal.SIGTERM, lambda *_: (print('saved state', flush=True), sys.exit(75)))\n"
               "print('started', flush=True); time.sleep(30)")
-    commands = [[sys.executable, "-c", script] for _ in range(3)]
+    jobs = [Job([sys.executable, "-c", script]) for _ in range(3)]
 
     def terminate_once_both_run():
         logs = [tmp_path / f"{i}.log" for i in (0, 1)]
@@ -323,12 +324,12 @@ def test_run_packed_passes_sigterm_on_and_stops(tmp_path):
 
     threading.Thread(target=terminate_once_both_run, daemon=True).start()
     with pytest.raises(XmlmError, match="stopped by SIGTERM: 2 runs were running, 1 had not started"):
-        run_packed(commands, slots=2, log_dir=tmp_path, poll_s=0.02)
+        run_jobs(jobs, slots=2, log_dir=tmp_path, poll_s=0.02)
     assert [(tmp_path / f"{i}.log").read_text().split("\n")[:2] for i in (0, 1)] == [["started", "saved state"]] * 2
     assert not (tmp_path / "2.log").exists()
 
 
-def test_run_packed_stops_when_asked_as_on_sigterm(tmp_path):
+def test_run_jobs_stops_when_asked_as_on_sigterm(tmp_path):
     """stop() (from another thread, where SIGTERM cannot be caught) ends the packer as SIGTERM does."""
     script = ("import signal,sys,time\n"
               "signal.signal(signal.SIGTERM, lambda *_: (print('saved state', flush=True), sys.exit(75)))\n"
@@ -339,7 +340,8 @@ def test_run_packed_stops_when_asked_as_on_sigterm(tmp_path):
         return all(log.exists() and "started" in log.read_text() for log in logs)
 
     with pytest.raises(XmlmError, match="^stopped: 2 runs were running, 1 had not started"):
-        run_packed([[sys.executable, "-c", script]] * 3, slots=2, log_dir=tmp_path, poll_s=0.02, stop=both_started)
+        run_jobs([Job([sys.executable, "-c", script]) for _ in range(3)], slots=2, log_dir=tmp_path, poll_s=0.02,
+                 stop=both_started)
     assert [log.read_text().split("\n")[:2] for log in logs] == [["started", "saved state"]] * 2
 
 
@@ -367,7 +369,7 @@ def test_one_iterator_serves_every_epoch_with_new_batches_and_masks_whatever_the
     runs = []
     for workers in (0, 2):
         result = subprocess.run([sys.executable, str(script), str(fake_english_data), str(workers)],
-                                capture_output=True, text=True)
+                                capture_output=True, text=True, timeout=TIMEOUT)
         assert result.returncode == 0, result.stderr[-2000:]
         runs.append(json.loads(result.stdout.splitlines()[-1]))
     assert runs[0] == runs[1]

@@ -2,16 +2,17 @@
 seeds), unsupervised VecMap mapping, neighbour table. The twin of a frequent word must be its nearest neighbour."""
 import contextlib
 import ctypes
+import os
 import random
+import stat
 
 import numpy as np
 import pytest
 import torch
 
-from fairseq_xmlm import knn_table
+from fairseq_xmlm.analysis import fasttext, knn_table
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.tasks.fake_english import doubled_dictionary
-from fairseq_xmlm.vocabulary import add_mask_symbol, dictionary_fingerprint, load_data_dictionary
+from fairseq_xmlm.vocabulary import add_mask_symbol, dictionary_fingerprint, doubled_dictionary, load_data_dictionary
 
 # Small vectors and short self-learning on the real text; one fastText thread makes the vectors (and so the mapping)
 # reproducible: with several threads fastText trains Hogwild-style and an unlucky run can miss the mapping.
@@ -19,10 +20,26 @@ FAST = ["--dim", "64", "--epochs", "12", "--patience", "3", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
-def fake_english_table(fake_english_data, tmp_path_factory):
+def fake_english_table_file(fake_english_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("knn") / "table.pt"
-    knn_table.main(["--data", str(fake_english_data), "--k", "5", "--out", str(out), *FAST])
-    return torch.load(out, weights_only=True), add_mask_symbol(load_data_dictionary(fake_english_data))
+    umask = os.umask(0o027)
+    try:
+        knn_table.main(["--data", str(fake_english_data), "--k", "5", "--out", str(out), *FAST])
+    finally:
+        os.umask(umask)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fake_english_table(fake_english_table_file, fake_english_data):
+    return (torch.load(fake_english_table_file, weights_only=True),
+            add_mask_symbol(load_data_dictionary(fake_english_data)))
+
+
+def test_the_table_file_gets_the_umask_permissions(fake_english_table_file):
+    """As a plain open() would create it (written under umask 027), not a temporary file's 0600."""
+    assert stat.S_IMODE(fake_english_table_file.stat().st_mode) == 0o640
+    assert not [p.name for p in fake_english_table_file.parent.iterdir() if p != fake_english_table_file]
 
 
 def test_table_matches_the_fake_english_task_dictionary(fake_english_table):
@@ -117,7 +134,7 @@ def test_fasttext_vectors_do_not_depend_on_memory_this_process_freed(tmp_path):
     words = [f"w{i}x" for i in range(200)]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(" ".join(rng.choices(words, k=12)) + "\n" for _ in range(300)), encoding="utf-8")
-    words_before, vectors_before = knn_table.train_fasttext(corpus, dim=16, epochs=1, seed=1, threads=1)
+    words_before, vectors_before = fasttext.train_fasttext(corpus, dim=16, epochs=1, seed=1, threads=1)
     with freed_heap_full_of_nonzero_bytes():
-        words_after, vectors_after = knn_table.train_fasttext(corpus, dim=16, epochs=1, seed=1, threads=1)
+        words_after, vectors_after = fasttext.train_fasttext(corpus, dim=16, epochs=1, seed=1, threads=1)
     assert words_after == words_before and np.array_equal(vectors_after, vectors_before)

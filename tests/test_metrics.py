@@ -5,19 +5,18 @@ import pytest
 import torch
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.evaluation.encode import PairedEncoder, length_batches
 from fairseq_xmlm.evaluation.multilinguality import (
-    PairedEncoder,
     compact_tokens,
     f1_score,
     gold_alignment,
-    length_batches,
     mask_positions,
-    masked_perplexity,
     mean_pool,
     multilinguality_score,
     mutual_argmax_counts,
     precision_at_1,
 )
+from fairseq_xmlm.evaluation.scores import masked_perplexity
 
 
 def padded_sentences(lengths, dim=16, seed=0):

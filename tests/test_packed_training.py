@@ -14,13 +14,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, expect_cli_error
-from fairseq_xmlm import packed_training
+from conftest import REPO, TIMEOUT, expect_cli_error
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.evaluation.figures import read_fairseq_log
-from fairseq_xmlm.stacked_encoder import (StackedEncoder, attention_code, attention_mask, layer_function,
-                                          sentences_per_row)
+from fairseq_xmlm.experiments.dufter.figures import read_fairseq_log
+from fairseq_xmlm.packed.__main__ import SUSPENDED, main
+from fairseq_xmlm.packed.group import GroupData, PackedGroup
+from fairseq_xmlm.packed.locks import take_gpu, take_warm_up
+from fairseq_xmlm.packed.loop import train_group, train_groups
+from fairseq_xmlm.packed.optim import AdamState
+from fairseq_xmlm.packed.plan import SEPARATE_SEEDS_FROM, estimated_gpu_bytes, fills_gpu, grouped, lockstep_teams
+from fairseq_xmlm.packed.processes import Job, train_side_by_side
+from fairseq_xmlm.packed.runs import epoch_batches, parse_run, parse_runs
+from fairseq_xmlm.packed.stacked import (StackedEncoder, attention_code, attention_mask, layer_function,
+                                         sentences_per_row)
+from fairseq_xmlm.packed.validation import BackgroundValidation, validate
 
 TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--encoder-attention-heads", "2"]
@@ -43,7 +51,8 @@ def fairseq_sample(inputs, langs, positions, target_ids, slot, pad):
     targets[positions[slot][valid]] = target_ids[slot][valid]
     targets = targets.view_as(tokens)
     real = ~(tokens[:, 1:].eq(pad).all(dim=1) & targets.eq(pad).all(dim=1))  # blank rows: bos then padding only
-    return {"id": torch.arange(int(real.sum())), "nsentences": int(real.sum()), "ntokens": int(tokens[real].ne(pad).sum()),
+    return {"id": torch.arange(int(real.sum())), "nsentences": int(real.sum()),
+            "ntokens": int(tokens[real].ne(pad).sum()),
             "net_input": {"src_tokens": tokens[real], "lang_ids": lang_ids[real]}, "target": targets[real]}
 
 
@@ -53,11 +62,11 @@ ONE_HEAD = ("--encoder-attention-heads", "1")  # BERT-small's: the stacked layer
 @pytest.mark.parametrize("flags", [((), ()), (("--lang-pos",), ("--lang-pos",)), ((), ("--lang-pos",)),
                                    (ONE_HEAD, ONE_HEAD)], ids=["shared-positions", "lang-pos", "both", "one-head"])
 def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *f)).build()
+    runs = [parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *f)).build()
             for s, f in zip((1, 2), flags)]
     stacked = StackedEncoder([run.model for run in runs], torch.device("cpu"))
-    group = packed_training.GroupData(runs, torch.device("cpu"))
-    schedules = [packed_training.epoch_batches(run, 1) for run in runs]
+    group = GroupData(runs, torch.device("cpu"))
+    schedules = [epoch_batches(run, 1) for run in runs]
     # the first batch whose sentences share rows of the attention, and the first whose sentences are too long to
     shares = {}
     for at in range(len(schedules[0])):
@@ -97,12 +106,12 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
     fairseq's Trainer fed the same batches."""
     from fairseq.trainer import Trainer
 
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, seed, *flags, "--dropout", "0",
+    runs = [parse_run(command(fake_english_data, tmp_path, name, seed, *flags, "--dropout", "0",
                                               "--attention-dropout", "0")).build()
             for name, seed, flags in (("a", 1, ()), ("b", 2, ("--shift-special", "--no-random", "--lang-pos")))]
     references = [Trainer(run.cfg, run.task, copy.deepcopy(run.model), run.criterion) for run in runs]
-    group = packed_training.PackedGroup(runs, torch.device("cpu"), precision="fp32")
-    schedules = [packed_training.epoch_batches(run, 1) for run in runs]
+    group = PackedGroup(runs, torch.device("cpu"), precision="fp32")
+    schedules = [epoch_batches(run, 1) for run in runs]
     pad = runs[0].task.dictionary.pad()
     # the last batch of run a (short) meets a full one of run b: blank filler rows must change nothing
     steps = [0, 1, 2, len(schedules[0]) - 1]
@@ -131,7 +140,7 @@ def test_adam_state_steps_like_torch_adamw_for_xmlm_adamw(compile):
     references = [row.clone().requires_grad_() for row in weights]
     flat, compute = weights.clone(), torch.zeros(3, 50, dtype=torch.bfloat16)
     segments = [(0, 20), (20, 21), (21, 50)]  # the norm that clips is over all of a run's segments
-    adam = packed_training.AdamState(flat, segments, (0.9, 0.98), 1e-6, 0.01, torch_style=True, clip_norm=2e-5,
+    adam = AdamState(flat, segments, (0.9, 0.98), 1e-6, 0.01, torch_style=True, clip_norm=2e-5,
                                      compute=compute, compile=compile)
     torch_adamw = torch.optim.AdamW(references, lr=1.0, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01,
                                     foreach=False)
@@ -151,12 +160,13 @@ def test_adam_state_steps_like_torch_adamw_for_xmlm_adamw(compile):
 def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
     commands = [command(fake_english_data, tmp_path, name, seed, *flags, "--max-update", "25")
                 for name, seed, flags in (("a", 1, ()), ("b", 1, ("--shift-special",)), ("c", 1, ("--lang-pos",)))]
-    commands[0] += ["--eval-multilinguality", "--eval-mult-sentences", "50", "--eval-mult-layers", "0,2", "--validate-interval-updates", "10"]
+    commands[0] += ["--eval-multilinguality", "--eval-mult-sentences", "50", "--eval-mult-layers", "0,2",
+                    "--validate-interval-updates", "10"]
     listing = tmp_path / "commands.txt"
     listing.write_text("\n".join(" ".join(c) for c in commands) + "\n")
     allowed = torch.backends.cuda.matmul.allow_tf32
     try:
-        packed_training.main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32",
+        main([str(listing), "--summary", str(tmp_path / "summary.json"), "--precision", "fp32",
                               "--gpu-lock", str(tmp_path / "gpu.lock"), "--tf32"])
         assert torch.backends.cuda.matmul.allow_tf32  # --tf32: the validations' products, on a GPU
     finally:
@@ -177,22 +187,22 @@ def test_cli_trains_saves_logs_and_skips(fake_english_data, tmp_path, capsys):
         [updates] if updates % 10 else [])
     assert all(0 <= r["valid_mu"] <= 1 and r["valid_ppl"] > 1 for r in valid)
     capsys.readouterr()
-    packed_training.main([str(listing)])  # everything exists: nothing trains
+    main([str(listing)])  # everything exists: nothing trains
     assert capsys.readouterr().err.count("exists, skipped") == 3
 
 
 def test_background_validation_gives_the_records_of_validate_in_order(fake_english_data, tmp_path):
     """Validations on their own thread, submitted while nothing waits for them: each record is the one `validate`
     gives for those weights, and they come back in the order they were submitted."""
-    run = packed_training.parse_run(command(fake_english_data, tmp_path, "a", 1, "--eval-multilinguality",
+    run = parse_run(command(fake_english_data, tmp_path, "a", 1, "--eval-multilinguality",
                                             "--eval-mult-sentences", "30", "--eval-mult-layers", "0,2")).build()
     first = {name: value.detach().clone() for name, value in run.model.state_dict().items()}
     second = {name: value * 1.5 if name.startswith("token_embeddings") else value for name, value in first.items()}
     cpu = torch.device("cpu")
-    expected = [packed_training.validate(run, weights, 1, updates, cpu)
+    expected = [validate(run, weights, 1, updates, cpu)
                 for updates, weights in ((10, first), (20, second), (30, first))]
     assert expected[0] != expected[1]
-    background = packed_training.BackgroundValidation(cpu)
+    background = BackgroundValidation(cpu)
     futures = [background.submit(run, weights, 1, updates) for updates, weights in ((10, first), (20, second),
                                                                                     (30, first))]
     background.wait()
@@ -205,7 +215,7 @@ def test_side_by_side_one_process_per_group(fake_english_data, tmp_path):
     """A process per group of at most --max-group runs; a lang-pos run stacks with shared-position ones."""
     commands = [command(fake_english_data, tmp_path, f"s{seed}", seed, "--max-update", "5") for seed in (2, 1)]
     commands.append(command(fake_english_data, tmp_path, "lp", 1, "--lang-pos", "--max-update", "5"))
-    result = packed_training.train_side_by_side(commands, tmp_path / "pack", max_group=2)  # bf16, as on the GPU
+    result = train_side_by_side(list(map(Job, commands)), tmp_path / "pack", max_group=2)  # bf16, as on the GPU
     assert sorted([g["runs"] for g in p["groups"]] for p in result["processes"]) == [[1], [2]]
     assert sorted(p.name for p in (tmp_path / "pack" / "logs").iterdir()) == ["0.log", "1.log"]
     for name in ("s1", "s2", "lp"):
@@ -218,7 +228,7 @@ def test_side_by_side_lockstep_trains_a_large_group_with_a_small_one_in_one_proc
     commands = [command(fake_english_data, tmp_path, name, 1, *flags, "--max-update", "2")
                 for name, flags in (("a", ()), ("b", ("--lang-pos",)),
                                     ("wide", ("--encoder-layers", "1", "--encoder-embed-dim", "768")))]
-    result = packed_training.train_side_by_side(commands, tmp_path / "pack", lockstep=True)
+    result = train_side_by_side(list(map(Job, commands)), tmp_path / "pack", lockstep=True)
     assert [[g["runs"] for g in p["groups"]] for p in result["processes"]] == [[1, 2]]
     assert [p.name for p in (tmp_path / "pack" / "logs").iterdir()] == ["0.log"]
     for name in ("a", "b", "wide"):
@@ -227,26 +237,26 @@ def test_side_by_side_lockstep_trains_a_large_group_with_a_small_one_in_one_proc
 
 def test_side_by_side_gives_each_process_its_runs_follow_ups(fake_english_data, tmp_path, monkeypatch):
     """A process's follow-ups are its runs' `then`; for while others train, a run's `then_beside` where it has one
-    and its `then` where not."""
-    from fairseq_xmlm import gpu_pack
+    and its `then` where not; a group that fills the GPU is marked so and costs more."""
+    from fairseq_xmlm.packed import processes
 
-    names = ("a", "wide")
-    commands = [command(fake_english_data, tmp_path, name, 1, *flags) for name, flags in
-                zip(names, [(), ("--encoder-layers", "1", "--encoder-embed-dim", "768")])]
+    flags = {"a": (), "wide": ("--encoder-layers", "1", "--encoder-embed-dim", "768")}
+    jobs = [Job(command(fake_english_data, tmp_path, name, 1, *extra), then=[[f"gpu_{name}"]],
+                then_beside=[["cpu_a"]] if name == "a" else []) for name, extra in flags.items()]
     seen = {}
 
-    def run_packed(processes, slots, logs, **options):
-        seen.update(options, processes=processes)
-        for process in processes:  # what each process would write
-            Path(process[process.index("--summary") + 1]).write_text("{}")
+    def run_jobs(jobs, slots, logs, **options):
+        seen.update(options, jobs=jobs)
+        for job in jobs:  # what each process would write
+            Path(job.argv[job.argv.index("--summary") + 1]).write_text("{}")
 
-    monkeypatch.setattr(gpu_pack, "run_packed", run_packed)
-    packed_training.train_side_by_side(commands, tmp_path / "pack",
-                                       then={tuple(c): [[f"gpu_{name}"]] for c, name in zip(commands, names)},
-                                       then_beside={tuple(commands[0]): [["cpu_a"]]}, tf32=True)
-    # the wider model's process first
-    assert seen["then"] == [[["gpu_wide"]], [["gpu_a"]]] and seen["then_beside"] == [[["gpu_wide"]], [["cpu_a"]]]
-    assert all(process[-1] == "--tf32" for process in seen["processes"])  # the validations' products
+    monkeypatch.setattr(processes, "run_jobs", run_jobs)
+    train_side_by_side(jobs, tmp_path / "pack", tf32=True)
+    wide, a = seen["jobs"]  # the wider model's process first
+    assert (wide.then, a.then, wide.then_beside, a.then_beside) == ([["gpu_wide"]], [["gpu_a"]], [["gpu_wide"]],
+                                                                    [["cpu_a"]])
+    assert wide.fills_gpu and not a.fills_gpu and wide.cost > a.cost
+    assert all(job.argv[-1] == "--tf32" for job in seen["jobs"])  # the validations' products
 
 
 def test_parse_runs_in_a_pool_gives_what_parsing_one_by_one_gives(fake_english_data, tmp_path):
@@ -256,55 +266,55 @@ def test_parse_runs_in_a_pool_gives_what_parsing_one_by_one_gives(fake_english_d
 
     commands = [command(fake_english_data, tmp_path, f"r{i}", seed, *flags)
                 for i, (seed, flags) in enumerate([(1, ()), (2, ("--lang-pos",)), (3, ("--no-random",))])]
-    pooled = packed_training.parse_runs(commands, workers=2)
-    alone = [packed_training.parse_run(c) for c in commands]
+    pooled = parse_runs(commands, workers=2)
+    alone = [parse_run(c) for c in commands]
     assert [run.argv for run in pooled] == commands
     assert [OmegaConf.to_yaml(run.cfg) for run in pooled] == [OmegaConf.to_yaml(run.cfg) for run in alone]
     refused = command(fake_english_data, tmp_path, "accumulating", 1, "--update-freq", "2")
     with pytest.raises(XmlmError, match=r"packed training needs --batch-size \(no --max-tokens, no --update-freq\)"):
-        packed_training.parse_runs(commands[:1] + [refused], workers=2)
+        parse_runs(commands[:1] + [refused], workers=2)
 
 
 def test_groups_hold_one_seed_where_it_pays_and_fit_the_memory_budget(fake_english_data, tmp_path):
     flags = [(), ("--lang-pos",), ("--no-random",), ("--shift-special",)]
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"{i}s{seed}", seed, *f))
+    runs = [parse_run(command(fake_english_data, tmp_path, f"{i}s{seed}", seed, *f))
             for seed in (1, 2) for i, f in enumerate(flags)]
-    one = packed_training.estimated_gpu_bytes(runs[:1])
-    assert packed_training.SEPARATE_SEEDS_FROM == len(flags) and not packed_training.fills_gpu(runs)  # tiny models
-    seeds = [[run.cfg.common.seed for run in c] for c in packed_training.grouped(runs, 40)]
+    one = estimated_gpu_bytes(runs[:1])
+    assert SEPARATE_SEEDS_FROM == len(flags) and not fills_gpu(runs)  # tiny models
+    seeds = [[run.cfg.common.seed for run in c] for c in grouped(runs, 40)]
     assert seeds == [[1] * 4, [2] * 4]
-    assert [len(c) for c in packed_training.grouped(runs, 3)] == [3, 1, 3, 1]
-    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=2.5 * one)] == [2, 2, 2, 2]
-    assert [len(c) for c in packed_training.grouped(runs, 40, max_bytes=0.5 * one)] == [1] * 8
+    assert [len(c) for c in grouped(runs, 3)] == [3, 1, 3, 1]
+    assert [len(c) for c in grouped(runs, 40, max_bytes=2.5 * one)] == [2, 2, 2, 2]
+    assert [len(c) for c in grouped(runs, 40, max_bytes=0.5 * one)] == [1] * 8
     # fewer runs a seed than that: small models stack across seeds
-    assert [len(c) for c in packed_training.grouped(runs[:3] + runs[4:7], 40)] == [6]
-    base = [packed_training.parse_run(command(fake_english_data, tmp_path, f"base{seed}", seed, "--encoder-layers",
+    assert [len(c) for c in grouped(runs[:3] + runs[4:7], 40)] == [6]
+    base = [parse_run(command(fake_english_data, tmp_path, f"base{seed}", seed, "--encoder-layers",
                                               "12", "--encoder-embed-dim", "768", "--encoder-ffn-embed-dim", "3072"))
             for seed in (1, 2)]
-    assert packed_training.fills_gpu(base)  # BERT-base's shape: its seeds never stack
-    assert [[run.cfg.common.seed for run in c] for c in packed_training.grouped(base, 40)] == [[1], [2]]
+    assert fills_gpu(base)  # BERT-base's shape: its seeds never stack
+    assert [[run.cfg.common.seed for run in c] for c in grouped(base, 40)] == [[1], [2]]
     # with lockstep, a process trains a group that fills the GPU beside a small one of the same length, if any;
     # every other group trains alone, the small ones first
-    longer = [packed_training.parse_run(command(fake_english_data, tmp_path, "long", 1, "--max-update", "9"))]
-    small = packed_training.grouped(runs[:4] + longer, 40)
-    big = packed_training.grouped(base, 40)
-    teams = packed_training.lockstep_teams(big + small)
+    longer = [parse_run(command(fake_english_data, tmp_path, "long", 1, "--max-update", "9"))]
+    small = grouped(runs[:4] + longer, 40)
+    big = grouped(base, 40)
+    teams = lockstep_teams(big + small)
     assert [[chunk[0].cfg.optimization.max_update for chunk in team] for team in teams] == [[9], [0, 0], [0]]
-    assert packed_training.lockstep_teams(big[:1] + small) == [[small[1]], [big[0], small[0]]]
-    assert packed_training.lockstep_teams(small) == [[small[0]], [small[1]]]
+    assert lockstep_teams(big[:1] + small) == [[small[1]], [big[0], small[0]]]
+    assert lockstep_teams(small) == [[small[0]], [small[1]]]
 
 
 @pytest.mark.parametrize("heads", [(), ONE_HEAD], ids=["two-heads", "one-head"])
 def test_compiled_layers_give_the_eager_logits_and_gradients(fake_english_data, tmp_path, heads):
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *flags, *heads)).build()
+    runs = [parse_run(command(fake_english_data, tmp_path, f"r{s}", s, *flags, *heads)).build()
             for s, flags in ((1, ()), (2, ("--lang-pos",)))]
     cpu = torch.device("cpu")
     eager, compiled = (StackedEncoder([run.model for run in runs], cpu, compile=flag) for flag in (False, True))
     # each shape of stacked model compiles its own copy of the layer function, which dynamo keeps apart
     assert layer_function((2, 32, 64, 2)) is layer_function((2, 32, 64, 2))
     assert layer_function((2, 32, 64, 2)).__code__.co_name != layer_function((11, 64, 256, 1)).__code__.co_name
-    group = packed_training.GroupData(runs, cpu)
-    schedules = [packed_training.epoch_batches(run, 1) for run in runs]
+    group = GroupData(runs, cpu)
+    schedules = [epoch_batches(run, 1) for run in runs]
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     for step in range(3):  # new lengths: compiled once, for any length
@@ -341,17 +351,17 @@ def held_elsewhere(path):
 
 def let_go(holder):
     holder.stdin.close()
-    holder.wait()
+    holder.wait(timeout=TIMEOUT)
 
 
 def test_gpu_lock_waits_for_its_holder_and_gives_up_when_stopped(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     holder = held_elsewhere(tmp_path / "gpu.lock.0_1")  # another process's group is training
     calls = []
-    assert packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: calls.append(1) or len(calls) > 2, "g") is None
+    assert take_gpu(str(tmp_path / "gpu.lock"), lambda: calls.append(1) or len(calls) > 2, "g") is None
     assert len(calls) == 3 and "g: waiting for the GPU" in capsys.readouterr().err
     let_go(holder)
-    lock = packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: True, "g")
+    lock = take_gpu(str(tmp_path / "gpu.lock"), lambda: True, "g")
     assert lock is not None  # free: taken at once, even when asked to stop
     lock.close()
     assert lock.closed and re.fullmatch(r"g: took the GPU at \d\d:\d\d:\d\d\ng: let go of the GPU at \d\d:\d\d:\d\d\n",
@@ -362,7 +372,7 @@ def test_a_lock_let_go_is_free_although_a_child_forked_while_it_was_held_lives_o
     """A process that forks while it holds a lock (a compile worker, say) and then lets the lock go has let it go:
     the child's inherited descriptor does not keep it, as it would keep an flock."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    lock = packed_training.take_gpu(str(tmp_path / "gpu.lock"), lambda: True, "g")
+    lock = take_gpu(str(tmp_path / "gpu.lock"), lambda: True, "g")
     child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
     child.start()
     try:
@@ -378,36 +388,36 @@ def test_bad_commands(fake_english_data, tmp_path, capsys):
     listing = tmp_path / "commands.txt"
     bad = command(fake_english_data, tmp_path, "a", 1)
     listing.write_text(" ".join(bad) + "\n")
-    expect_cli_error(capsys, packed_training.main, [str(listing), "--cuda-graphs"], "CUDA graphs need a GPU")
+    expect_cli_error(capsys, main, [str(listing), "--cuda-graphs"], "CUDA graphs need a GPU")
     assert not (tmp_path / "a" / "train.log.partial").exists()
     listing.write_text(" ".join(bad).replace("--criterion masked_lm", "--criterion cross_entropy") + "\n")
-    expect_cli_error(capsys, packed_training.main, [str(listing)], "supports --criterion masked_lm|xmlm_masked_lm")
+    expect_cli_error(capsys, main, [str(listing)], "supports --criterion masked_lm|xmlm_masked_lm")
     listing.write_text(" ".join(bad + ["--no-such-option"]) + "\n")
-    expect_cli_error(capsys, packed_training.main, [str(listing)], "unrecognized arguments: --no-such-option")
+    expect_cli_error(capsys, main, [str(listing)], "unrecognized arguments: --no-such-option")
     at = bad.index("--log-file")
     listing.write_text(" ".join(bad[:at] + bad[at + 2:]) + "\n")
-    expect_cli_error(capsys, packed_training.main, [str(listing)], "needs --save-dir and --log-file")
+    expect_cli_error(capsys, main, [str(listing)], "needs --save-dir and --log-file")
     listing.write_text(" ".join(bad + ["--sep-emb"]) + "\n")
-    expect_cli_error(capsys, packed_training.main, [str(listing)], "no --sep-emb")
-    expect_cli_error(capsys, packed_training.main, [str(tmp_path / "none.txt")], "command file not found")
+    expect_cli_error(capsys, main, [str(listing)], "no --sep-emb")
+    expect_cli_error(capsys, main, [str(tmp_path / "none.txt")], "command file not found")
 
 
 def test_suspended_group_resumes_to_the_same_result(fake_english_data, tmp_path):
     """Stopped after 3 of 7 updates (dropout on: the random streams are saved too) and resumed by fresh runs, as a
     new process would: the same weights and the same log records as one uninterrupted run."""
     def group(folder):
-        return [packed_training.parse_run(command(fake_english_data, tmp_path / folder, name, 1, *flags,
+        return [parse_run(command(fake_english_data, tmp_path / folder, name, 1, *flags,
                                                   "--max-update", "7")).build()
                 for name, flags in (("a", ()), ("b", ("--shift-special",)))]
 
     cpu = torch.device("cpu")
-    packed_training.train_group(group("whole"), cpu, "fp32")
+    train_group(group("whole"), cpu, "fp32")
     steps = iter(range(100))
     split = group("split")
-    assert packed_training.train_group(split, cpu, "fp32", stop=lambda: next(steps) == 3) is None
+    assert train_group(split, cpu, "fp32", stop=lambda: next(steps) == 3) is None
     assert (tmp_path / "split" / "a" / "checkpoints" / "packed_resume.pt").exists()
     assert not (tmp_path / "split" / "a" / "checkpoints" / "checkpoint_last.pt").exists()
-    assert packed_training.train_group(group("split"), cpu, "fp32")["updates"] == 7
+    assert train_group(group("split"), cpu, "fp32")["updates"] == 7
     assert not (tmp_path / "split" / "a" / "checkpoints" / "packed_resume.pt").exists()
     for name in "ab":
         whole, split = (load_checkpoint(tmp_path / folder / name / "checkpoints" / "checkpoint_last.pt")[0]
@@ -427,19 +437,19 @@ def test_groups_in_lockstep_end_as_alone_and_resume(fake_english_data, tmp_path)
     no_dropout = ("--dropout", "0", "--attention-dropout", "0")
 
     def groups(folder):
-        return [[packed_training.parse_run(command(fake_english_data, tmp_path / folder, name, 1, *no_dropout,
+        return [[parse_run(command(fake_english_data, tmp_path / folder, name, 1, *no_dropout,
                                                    "--max-update", "5")).build() for name in "ab"],
-                [packed_training.parse_run(command(fake_english_data, tmp_path / folder, "c", 2, *no_dropout,
+                [parse_run(command(fake_english_data, tmp_path / folder, "c", 2, *no_dropout,
                                                    "--encoder-embed-dim", "48", "--max-update", "7")).build()]]
 
     cpu = torch.device("cpu")
     for chunk in groups("alone"):
-        packed_training.train_group(chunk, cpu, "fp32")
-    assert [facts["updates"] for facts in packed_training.train_groups(groups("team"), cpu, "fp32")] == [5, 7]
+        train_group(chunk, cpu, "fp32")
+    assert [facts["updates"] for facts in train_groups(groups("team"), cpu, "fp32")] == [5, 7]
     rounds = iter(range(100))
-    assert packed_training.train_groups(groups("split"), cpu, "fp32", stop=lambda: next(rounds) == 3) is None
+    assert train_groups(groups("split"), cpu, "fp32", stop=lambda: next(rounds) == 3) is None
     assert (tmp_path / "split" / "c" / "checkpoints" / "packed_resume.pt").exists()
-    assert packed_training.train_groups(groups("split"), cpu, "fp32") is not None
+    assert train_groups(groups("split"), cpu, "fp32") is not None
     assert not (tmp_path / "split" / "c" / "checkpoints" / "packed_resume.pt").exists()
     for name in "abc":
         alone, *others = (load_checkpoint(tmp_path / folder / name / "checkpoints" / "checkpoint_last.pt")[0]
@@ -457,7 +467,7 @@ def test_group_warms_up_before_its_turn_and_resumes_if_stopped_waiting(fake_engl
     """With take_turn the first epoch trains at once; the turn is asked for after it. Stopped while waiting, the
     group suspends there, and once resumed it ends as an uninterrupted run and releases its turn."""
     def group(folder):
-        runs = [packed_training.parse_run(command(fake_english_data, tmp_path / folder, name, 1,
+        runs = [parse_run(command(fake_english_data, tmp_path / folder, name, 1,
                                                   "--max-update", "7")).build() for name in "ab"]
         for run in runs:
             run.updates_per_epoch = 3  # short epochs: the turn comes after 3 updates
@@ -470,12 +480,12 @@ def test_group_warms_up_before_its_turn_and_resumes_if_stopped_waiting(fake_engl
             self.closed = True
 
     cpu, asked = torch.device("cpu"), []
-    packed_training.train_group(group("whole"), cpu, "fp32")
+    train_group(group("whole"), cpu, "fp32")
     waiting = group("split")
-    assert packed_training.train_group(waiting, cpu, "fp32", take_turn=lambda: asked.append(1)) is None
+    assert train_group(waiting, cpu, "fp32", take_turn=lambda: asked.append(1)) is None
     assert read_fairseq_log(str(waiting[0].log_path) + ".partial", "train")[-1]["train_num_updates"] == 3
     lock = Lock()
-    assert packed_training.train_group(group("split"), cpu, "fp32", take_turn=lambda: lock)["updates"] == 7
+    assert train_group(group("split"), cpu, "fp32", take_turn=lambda: lock)["updates"] == 7
     assert asked == [1] and lock.closed
     for name in "ab":
         whole, split = (load_checkpoint(tmp_path / folder / name / "checkpoints" / "checkpoint_last.pt")[0]
@@ -487,7 +497,7 @@ def test_group_warms_up_before_its_turn_and_resumes_if_stopped_waiting(fake_engl
 def test_group_warms_up_in_its_turn_and_lets_the_next_one_in_after_its_first_epoch(fake_english_data, tmp_path):
     """With take_warm_up the first epoch waits for that lock, which goes when the epoch ends, before the GPU turn is
     asked for. Stopped while waiting for it, the group suspends before its first update and later ends as usual."""
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, 1, "--max-update", "7")).build()
+    runs = [parse_run(command(fake_english_data, tmp_path, name, 1, "--max-update", "7")).build()
             for name in "ab"]
     for run in runs:
         run.updates_per_epoch = 3
@@ -510,9 +520,9 @@ def test_group_warms_up_in_its_turn_and_lets_the_next_one_in_after_its_first_epo
             return Lock(name)
         return taken
 
-    assert packed_training.train_group(runs, cpu, "fp32", take_warm_up=lambda: None) is None
+    assert train_group(runs, cpu, "fp32", take_warm_up=lambda: None) is None
     assert (tmp_path / "a" / "checkpoints" / "packed_resume.pt").exists() and epochs_logged() == 0
-    facts = packed_training.train_group(runs, cpu, "fp32", take_turn=take("gpu"), take_warm_up=take("warm-up"))
+    facts = train_group(runs, cpu, "fp32", take_turn=take("gpu"), take_warm_up=take("warm-up"))
     assert facts["updates"] == 7
     assert events[:3] == [("warm-up", "taken", 0), ("warm-up", "closed", 1), ("gpu", "taken", 1)]
     assert events[3] == ("gpu", "closed", 3)
@@ -520,18 +530,18 @@ def test_group_warms_up_in_its_turn_and_lets_the_next_one_in_after_its_first_epo
 
 def test_warm_up_lock_is_one_per_model_shape_and_gpu(fake_english_data, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    runs = [packed_training.parse_run(command(fake_english_data, tmp_path, name, 1, *flags))
+    runs = [parse_run(command(fake_english_data, tmp_path, name, 1, *flags))
             for name, flags in (("a", ()), ("b", ("--encoder-embed-dim", "64")))]
     holder = held_elsewhere(tmp_path / "warm.lock.1.1x2x32x64x2")  # another process of runs[0]'s shape warms up
     calls = []
-    assert packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: calls.append(1) or True,
+    assert take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: calls.append(1) or True,
                                         "g") is None
     assert "g: waiting to warm up after the other group of its shape" in capsys.readouterr().err
-    lock = packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[1:]], lambda: True, "g")
+    lock = take_warm_up(str(tmp_path / "warm.lock"), [runs[1:]], lambda: True, "g")
     assert lock is not None and (tmp_path / "warm.lock.1.1x2x64x64x2").exists()  # another shape: no wait
     lock.close()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    lock = packed_training.take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: True, "g")
+    lock = take_warm_up(str(tmp_path / "warm.lock"), [runs[:1]], lambda: True, "g")
     assert lock is not None  # the same shape on another GPU: no wait either
     lock.close()
     let_go(holder)
@@ -541,10 +551,10 @@ def test_cli_time_limit_suspends_and_a_rerun_finishes(fake_english_data, tmp_pat
     listing = tmp_path / "commands.txt"
     listing.write_text(" ".join(command(fake_english_data, tmp_path, "a", 1, "--max-update", "5")) + "\n")
     with pytest.raises(SystemExit) as stopped:
-        packed_training.main([str(listing), "--time-limit", "1e-9"])
-    assert stopped.value.code == packed_training.SUSPENDED
+        main([str(listing), "--time-limit", "1e-9"])
+    assert stopped.value.code == SUSPENDED
     assert (tmp_path / "a" / "train.log.partial").exists() and not (tmp_path / "a" / "train.log").exists()
     (tmp_path / "a" / "checkpoints" / "packed_resume.pt").write_bytes(b"not a torch file")  # e.g. a full disk
-    packed_training.main([str(listing)])  # starts afresh, says so
+    main([str(listing)])  # starts afresh, says so
     assert "is unreadable" in capsys.readouterr().err
     assert read_fairseq_log(tmp_path / "a" / "train.log", "train")[-1]["train_num_updates"] == 5

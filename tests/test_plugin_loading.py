@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conftest import TIMEOUT
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig
 from test_checkpoints import REPO, TINY_ROBERTA, VENV_BIN, build_tiny_roberta, run_tool
@@ -35,7 +36,7 @@ print(json.dumps({"names_of_file": names_of_file, "models": sorted(MODEL_REGISTR
 
 def plugin_report(prelude, stdin=None, cwd=REPO):
     proc = subprocess.run([sys.executable, "-c", prelude + REPORT_PLUGIN, PLUGIN_DIR], input=stdin, cwd=cwd,
-                          capture_output=True, check=True)
+                          capture_output=True, check=True, timeout=TIMEOUT)
     return json.loads(proc.stdout.decode().strip().splitlines()[-1])
 
 

@@ -1,5 +1,6 @@
-"""`short_attention`'s Triton kernels, run by Triton's interpreter on the CPU (conftest sets TRITON_INTERPRET=1),
-against SDPA with the stacked encoder's mask (`stacked_encoder.attention`'s CPU path)."""
+"""The stacked encoder's Triton attention kernels (`packed.attention_kernels`), run by Triton's interpreter on the
+CPU (conftest sets TRITON_INTERPRET=1), against SDPA with the stacked encoder's mask (`packed.stacked.attention`'s
+CPU path)."""
 import os
 import subprocess
 import sys
@@ -8,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_xmlm.short_attention import _attention, short_attention
-from fairseq_xmlm.stacked_encoder import attention, attention_code, attention_mask
+from conftest import TIMEOUT
+from fairseq_xmlm.packed.attention_kernels import _attention, short_attention
+from fairseq_xmlm.packed.stacked import attention, attention_code, attention_mask
 
 
 def rows_of_attention(sentences, length, seed):
@@ -98,6 +100,6 @@ def test_kernels_compile_for_hopper():
     """The interpreter does not compile the kernels: Triton's compiler and ptxas do, for the GPU machine's sm_90."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py"))], env=env,
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count(": sm_90,") == 4

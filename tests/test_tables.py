@@ -1,19 +1,12 @@
-"""The Table 1/2 writer on hand-made eval JSONs, and the run / paper data it lays out."""
+"""Dufter's Table 1/2 writer (experiments.dufter.report) on hand-made eval JSONs, and the run / paper data it
+lays out (experiments.dufter.runs)."""
 import json
 
 import pytest
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.evaluation.tables import (
-    PAPER_TABLE1,
-    PAPER_TABLE2,
-    RUNS,
-    TABLE1_IDS,
-    TABLE2_IDS,
-    aggregate,
-    mean_std,
-    write_tables,
-)
+from fairseq_xmlm.experiments.dufter.report import aggregate, mean_std, write_tables
+from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, PAPER_TABLE2, RUNS, TABLE1_IDS, TABLE2_IDS
 
 
 def fake_result(mu, f1=1.0, rho=(0.2, 0.9), tau=(0.8, 0.7), ppl=(9.0, 200.0), layers=("0", "8")):

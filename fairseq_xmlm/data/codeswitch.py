@@ -6,10 +6,12 @@ A->B dictionary is replaced by one of its translations with probability `prob`. 
 preparation is offline, so there is no real training batch): in a chunk, every dictionary word is drawn with
 probability `prob`, and if more than `max_rate` x (words in the chunk) are drawn, a uniform random subset of that
 size is kept. A translation is drawn uniformly, or proportionally to the dictionary's third column (weights).
-Lookup is exact first, then lowercased; a capitalised word gets a capitalised translation.
+Lookup is exact first, then lowercased; a capitalised word gets a capitalised translation. Lines are split into
+tokens by `segment.split_tokens`: on whitespace, or for Chinese into jieba's words.
 """
 import random
 
+from fairseq_xmlm.data.segment import join_tokens, split_tokens
 from fairseq_xmlm.errors import XmlmError
 
 Dictionary = dict[str, tuple[list[str], list[float]]]
@@ -31,7 +33,7 @@ def build_switch_dictionary(entries, invert: bool = False) -> Dictionary:
 
 def load_switch_dictionary(path) -> tuple[Dictionary, Dictionary]:
     """A MUSE file (src tgt [weight]) -> (src->tgt, tgt->src) switch dictionaries."""
-    from fairseq_xmlm.data.freedict import load_muse_dictionary
+    from fairseq_xmlm.data.muse import load_muse_dictionary
 
     entries = load_muse_dictionary(path, with_weights=True)
     return build_switch_dictionary(entries), build_switch_dictionary(entries, invert=True)
@@ -45,8 +47,8 @@ def _translation(word: str, dictionary: Dictionary, rng: random.Random) -> str:
 
 
 def code_switch(lines: list[str], dictionary: Dictionary, prob: float = 0.3, max_rate: float = 0.15,
-                seed: int = 1, chunk_lines: int = 1000) -> tuple[list[str], dict]:
-    """Replace dictionary words of whitespace-tokenized `lines`; returns (new lines, stats).
+                seed: int = 1, chunk_lines: int = 1000, lang: str | None = None) -> tuple[list[str], dict]:
+    """Replace dictionary words of Moses-tokenized `lines` of language `lang`; returns (new lines, stats).
 
     stats: words, candidates (words found in the dictionary), replaced, rate = replaced / words.
     """
@@ -55,7 +57,7 @@ def code_switch(lines: list[str], dictionary: Dictionary, prob: float = 0.3, max
     if not dictionary:
         raise XmlmError("the code-switching dictionary is empty")
     rng = random.Random(seed)
-    tokens = [line.split() for line in lines]
+    tokens = [split_tokens(line, lang) for line in lines]
     words = candidates = replaced = 0
     for start in range(0, len(tokens), chunk_lines):
         chunk = tokens[start:start + chunk_lines]
@@ -74,4 +76,4 @@ def code_switch(lines: list[str], dictionary: Dictionary, prob: float = 0.3, max
     stats = {"words": words, "candidates": candidates, "replaced": replaced,
              "rate": replaced / words if words else 0.0, "prob": prob, "max_rate": max_rate,
              "chunk_lines": chunk_lines}
-    return [" ".join(line) for line in tokens], stats
+    return [join_tokens(line, lang) for line in tokens], stats

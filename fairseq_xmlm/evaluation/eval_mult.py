@@ -22,27 +22,21 @@ on a GPU, else "fp32"), "mu", "mu_parts", "layers": {"0": {"align_f1", "retrieva
 "ppl_per_lang": {lang: {"train", "valid"}}.
 """
 import argparse
-import json
 import os
-import sys
 import time
 
 import torch
 
 from fairseq_xmlm.checkpoints import load_checkpoint, safe_torch_load
+from fairseq_xmlm.data.muse import load_muse_dictionary
 from fairseq_xmlm.errors import XmlmError, cli_errors
-from fairseq_xmlm.data.freedict import load_muse_dictionary
-from fairseq_xmlm.evaluation.multilinguality import (bilingual_scores, multilinguality_scores, parallel_sentences,
-                                                     split_perplexity)
-from fairseq_xmlm.evaluation.tables import write_atomic
+from fairseq_xmlm.evaluation.scores import (bilingual_scores, multilinguality_scores, parallel_sentences,
+                                            split_perplexity)
+from fairseq_xmlm.io import log, read_meta, write_json
 from fairseq_xmlm.precision import allow_tf32, fp32_products
 from fairseq_xmlm.vocabulary import dictionary_fingerprint, load_data_dictionary
 
 SUPPORTED_TASKS = ("fake_english", "bilingual_mlm")
-
-
-def log(message):
-    print(message, file=sys.stderr, flush=True)
 
 
 def clock():
@@ -68,11 +62,8 @@ def checkpoint_task_config(path):
 
 def data_languages(data_dir):
     """The languages xmlm-prepare recorded in data_dir/meta.json (None without one)."""
-    meta = os.path.join(data_dir, "meta.json")
-    if not os.path.isfile(meta):
-        return None
-    with open(meta, encoding="utf-8") as f:
-        return json.load(f).get("langs")
+    meta = read_meta(data_dir, required=False)
+    return None if meta is None else meta.get("langs")
 
 
 def load_for_evaluation(path, data_dir, device):
@@ -108,16 +99,6 @@ def load_for_evaluation(path, data_dir, device):
     return model, task
 
 
-def sentences_by_language(task, split):
-    """The sentences each language saw in `split`: all of them, but under no-parallel English trains on the first
-    half of the training corpus and Fake on the second (as the task's load_dataset does)."""
-    sentences = task.load_split_sentences(split)
-    if task.cfg.no_parallel and split == "train":
-        half = len(sentences) // 2
-        return {0: sentences[:half], 1: sentences[half:]}
-    return {0: sentences, 1: sentences}
-
-
 def evaluate(model, task, layers=(0, 8), max_sentences=None, max_train_sentences=None, seed=1, device=None):
     """The eval-mult result dict (without "checkpoint") for a loaded fake_english model and task."""
     dev = task.load_split_sentences("valid")[:max_sentences]
@@ -128,7 +109,7 @@ def evaluate(model, task, layers=(0, 8), max_sentences=None, max_train_sentences
     result["ppl"] = {}
     for split, limit in (("train", max_train_sentences), ("valid", max_sentences)):
         started = clock()
-        by_lang = {lang: sentences[:limit] for lang, sentences in sentences_by_language(task, split).items()}
+        by_lang = {lang: sentences[:limit] for lang, sentences in task.sentences_per_language(split).items()}
         result["ppl"][split] = split_perplexity(model, task, by_lang, device, seed=seed)
         log(f"eval-mult: {split} perplexity {result['ppl'][split]:.1f} ({took(started)})")
     return result
@@ -196,7 +177,7 @@ def parse_args(argv):
     parser.add_argument("--tf32", action="store_true",
                         help="on a GPU, matrix products with TF32 inputs (fp32 sums): a BERT-base evaluation's GPU "
                         "time about halves; on a trained checkpoint alignment F1 moved by 7e-6 and perplexity by 1e-5 "
-                        "of itself, rho and tau not at all (H200, docs/benchmarks.md, twenty-eighth session)")
+                        "of itself, rho and tau not at all (BERT-base, one H200, 2026-11-28, commit b60f796)")
     args = parser.parse_args(argv)
     if min(args.layers) < 0:
         raise XmlmError(f"--layers must be >= 0, got {args.layers}")
@@ -228,7 +209,7 @@ def run(argv=None):
         result |= evaluate(model, task, tuple(args.layers), args.max_sentences, args.max_train_sentences, args.seed,
                            args.device)
     if args.json:
-        write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     print(summary_line(result))
     return result
 

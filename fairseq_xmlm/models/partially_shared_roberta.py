@@ -225,6 +225,7 @@ class PartiallySharedRoberta(BaseFairseqModel):
 
     @classmethod
     def build_model(cls, cfg, task):
+        """task: a `tasks.contract.ModelTask` (languages, dictionary, lang_pos, max positions, vocabulary masks)."""
         if not cfg.max_positions:
             cfg.max_positions = task.max_positions()
         num_langs = len(task.langs)
@@ -233,7 +234,7 @@ class PartiallySharedRoberta(BaseFairseqModel):
         if cfg.sep_layers and num_langs < 2:
             raise XmlmError("--sep-layers needs a task with at least two languages")
         vocab_masks = task.language_vocab_masks() if cfg.sep_emb else None
-        return cls(cfg, len(task.dictionary), task.dictionary.pad(), num_langs, getattr(task, "lang_pos", False),
+        return cls(cfg, len(task.dictionary), task.dictionary.pad(), num_langs, task.lang_pos,
                    vocab_masks)
 
     def max_positions(self):

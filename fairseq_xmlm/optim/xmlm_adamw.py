@@ -7,8 +7,8 @@ Same options and the same decoupled weight decay as fairseq's `adam` (`--adam-be
 With `--memory-efficient-fp16` fairseq hands this optimizer the fp16 parameters themselves; it then keeps their fp32
 master copy as one flat tensor (`FlatMasterWeights`): the same arithmetic as `--fp16` (fairseq's FP16Optimizer:
 fp32 master weights, AdamW in fp32, dynamic loss scaling), but gradients come in and weights go back in a few
-whole-buffer kernels, where FP16Optimizer copies each parameter on its own, twice per update (on an H100 at the
-Conneau config, its ~220 copy calls per update were where the GPU waited for the host: docs/benchmarks.md).
+whole-buffer kernels, where FP16Optimizer copies each parameter on its own, twice per update (at the Conneau
+config its ~220 copy calls per update were where the GPU waited for the host: profiled on one H100 80GB, 2026-11-26).
 
 Under `--ddp-backend legacy_ddp` (or `no_c10d`) with those flat master weights, the gradients are averaged over the
 data-parallel ranks as that one flat low-precision buffer, in a single all-reduce, in place of the wrapper's
@@ -139,9 +139,9 @@ class XmlmAdamW(FairseqOptimizer):
             self.master.gather_gradients()
 
     def all_reduce_grads(self, module):
-        """fairseq's trainer calls this once per update, before any other gradient entry point; our tasks may call it
-        earlier (`start_gradient_all_reduce`). Inside legacy_ddp's no_sync (a micro-batch of --update-freq before
-        the last) the gradients are still being summed and are left alone."""
+        """fairseq's trainer calls this once per update, before any other gradient entry point; xmlm-train's
+        trainer calls it earlier (`start_gradient_all_reduce`). Inside legacy_ddp's no_sync (a micro-batch of
+        --update-freq before the last) the gradients are still being summed and are left alone."""
         wrapper = module.module if isinstance(module, ModuleProxyWrapper) else module  # how fairseq wraps legacy_ddp
         if self.master is not None and isinstance(wrapper, LegacyDistributedDataParallel):
             if not wrapper.accumulate_grads:
@@ -171,11 +171,11 @@ class XmlmAdamW(FairseqOptimizer):
 
 
 def start_gradient_all_reduce(optimizer, module):
-    """Our tasks call this right after backward. fairseq's trainer all-reduces the gradients only after it has
-    all-reduced the update's logged values, which first waits on the host for the whole backward to finish; queued
-    here, the gradients' all-reduce follows the backward directly on the GPU. Only xmlm_adamw's flat gradient
-    (--memory-efficient-fp16) is reduced this early: it is reduced once per update, so the trainer's own call does
-    nothing, where fairseq's legacy wrapper would reduce a second time."""
+    """xmlm-train's trainer (`train.XmlmTrainer`) calls this right after an update's last backward. fairseq's
+    trainer all-reduces the gradients only after it has all-reduced the update's logged values, which first waits on
+    the host for the whole backward to finish; queued here, the gradients' all-reduce follows the backward directly
+    on the GPU. Only xmlm_adamw's flat gradient (--memory-efficient-fp16) is reduced this early: it is reduced once
+    per update, so the trainer's own call does nothing, where fairseq's legacy wrapper would reduce a second time."""
     inner = getattr(optimizer, "wrapped_optimizer", None)  # MemoryEfficientFP16Optimizer's
     if isinstance(inner, XmlmAdamW) and inner.master is not None:
         inner.all_reduce_grads(module)

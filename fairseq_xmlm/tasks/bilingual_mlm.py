@@ -7,6 +7,9 @@ with every sample, so `partially_shared_roberta` can route it to that language's
 Splits: `train` and `valid` hold every language of `--langs`; `valid_<lang>` (e.g. `valid_en`) one language, so
 `--valid-subset valid_en,valid_fr` selects the best checkpoint by English dev perplexity (fairseq uses the first
 subset for that).
+
+Targets are corrupted as fake_english's are, with the same flags (`--replacement-probs`, `--random-replace
+within` for Conneau et al.'s random words of the row's own language, `--no-random`, `--knn-replace`).
 """
 import json
 import logging
@@ -16,14 +19,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from fairseq.data import data_utils, iterators
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import register_task
 from omegaconf import II
 
-from fairseq_xmlm.tasks._shared_dictionary import SharedDictionaryTask
 from fairseq_xmlm.data.mlm_dataset import MaskedLanguageDataset
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.masking import Masker, candidate_table, parse_replacement_probs
+from fairseq_xmlm.io import read_meta
+from fairseq_xmlm.masking import Masker, candidate_table, resolve_replacement_probs
+from fairseq_xmlm.tasks._shared_dictionary import (ReplacementPolicyConfig, SharedDictionaryTask, load_knn_table,
+                                                   replacement_config)
 from fairseq_xmlm.vocabulary import (add_mask_symbol, join_sentences, load_data_dictionary, load_split_sentences,
                                      real_symbol_ids)
 
@@ -33,16 +37,10 @@ SPLITS = ("train", "valid", "test")
 
 
 @dataclass
-class BilingualMLMConfig(FairseqDataclass):
+class BilingualMLMConfig(ReplacementPolicyConfig):
     data: str = field(default="", metadata={"help": "data-bin directory written by xmlm-prepare pair"})
     langs: str = field(default="en,fr", metadata={"help": "comma-separated languages, first = language 0"})
     tokens_per_sample: int = field(default=256, metadata={"help": "tokens per stream, <s> included"})
-    mask_prob: float = field(default=0.15, metadata={"help": "fraction of tokens chosen as targets"})
-    replacement_probs: str = field(default="0.8,0.1,0.1", metadata={"help": "MASK,KEEP,RANDOM for targets"})
-    random_replace: ChoiceEnum(["cross", "within", "none"]) = field(
-        default="cross",
-        metadata={"help": "random words from the whole vocabulary (cross), the language's own (within), or never"},
-    )
     lang_sampling_alpha: float = field(default=0.7, metadata={"help": "p(lang) proportional to share ** alpha"})
     seed: int = II("common.seed")
 
@@ -107,6 +105,8 @@ class BilingualMLMTask(SharedDictionaryTask):
         self.mask_idx = dictionary.index("<mask>")
         self.special_ids = {dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk(), self.mask_idx}
         self.special_ids |= {i for i in range(dictionary.nspecial, len(dictionary)) if dictionary.count[i] == 0}
+        self.replacement = replacement_config(cfg)
+        self.replacement_probs = resolve_replacement_probs(self.replacement)
         self._train_sentences = None
         self._vocab_masks = None
 
@@ -115,10 +115,9 @@ class BilingualMLMTask(SharedDictionaryTask):
         langs = [lang.strip() for lang in cfg.langs.split(",") if lang.strip()]
         if len(langs) < 1:
             raise XmlmError("--langs needs at least one language")
-        meta_path = os.path.join(cfg.data, "meta.json")
-        if os.path.isfile(meta_path):
-            with open(meta_path, encoding="utf-8") as f:
-                have = json.load(f).get("langs", [])
+        meta = read_meta(cfg.data, required=False)
+        if meta is not None:
+            have = meta.get("langs", [])
             missing = [lang for lang in langs if lang not in have]
             if missing:
                 raise XmlmError(f"language(s) {', '.join(missing)} not in {cfg.data} (it has {', '.join(have)})")
@@ -127,8 +126,11 @@ class BilingualMLMTask(SharedDictionaryTask):
         # only through the size xmlm-prepare recorded.
         report_path = os.path.join(cfg.data, "report.json")
         if os.path.isfile(report_path):
-            with open(report_path, encoding="utf-8") as f:
-                binarized_with = json.load(f).get("dictionary_size", len(dictionary))
+            try:
+                with open(report_path, encoding="utf-8") as f:
+                    binarized_with = json.load(f).get("dictionary_size", len(dictionary))
+            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+                raise XmlmError(f"{report_path} is not the JSON object xmlm-prepare writes ({err})") from None
             if binarized_with != len(dictionary):
                 raise XmlmError(f"{cfg.data}/dict.txt has {len(dictionary)} symbols but the data was binarized with "
                                 f"{binarized_with} (report.json): the dictionary belongs to other data")
@@ -169,22 +171,33 @@ class BilingualMLMTask(SharedDictionaryTask):
                 seen += load_split_sentences(self.cfg.data, split, self.langs[lang], self.dictionary)
         return torch.cat(seen).unique()
 
+    def mask_symbol(self, lang):
+        return self.mask_idx
+
+    def reverses(self, lang):
+        return False
+
     def sentence_input(self, ids, lang):
         ids = torch.as_tensor(ids, dtype=torch.long)[: self.cfg.tokens_per_sample - 2]
         return torch.cat([ids.new_tensor([self.dictionary.bos()]), ids, ids.new_tensor([self.dictionary.eos()])])
 
+    def random_candidate_sets(self):
+        """Row of the masker's random-candidate table each language draws from."""
+        within = self.replacement.random_source == "within"
+        return list(range(len(self.langs))) if within else [0] * len(self.langs)
+
     def build_masker(self):
-        probs = parse_replacement_probs(self.cfg.replacement_probs)
-        if self.cfg.random_replace == "none":
-            probs = (probs[0], probs[1] + probs[2], 0.0, probs[3])
         specials = torch.tensor(sorted(self.special_ids))
-        if self.cfg.random_replace == "within":
+        if self.replacement.random_source == "within":
             # Only symbols of the language's own training text.
             own = [self.symbols_of(lang, ["train"]) for lang in range(len(self.langs))]
             candidates, counts = candidate_table([ids[~torch.isin(ids, specials)] for ids in own])
         else:
             candidates, counts = candidate_table([real_symbol_ids(self.dictionary, exclude=self.special_ids)])
-        return Masker(self.cfg.mask_prob, probs, specials, candidates, counts)
+        knn = None
+        if self.replacement.knn:
+            knn = load_knn_table(self.cfg.knn_table, self.dictionary, self.replacement.knn)
+        return Masker(self.cfg.mask_prob, self.replacement_probs, specials, candidates, counts, knn)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         if split.startswith("valid_") or split.startswith("test_"):
@@ -201,11 +214,10 @@ class BilingualMLMTask(SharedDictionaryTask):
             streams = cut_streams(sentences, self.dictionary.eos(), self.dictionary.bos(), self.cfg.tokens_per_sample)
             items += [(s, lang) for s in streams]
             sentence_counts.append(len(sentences))
-        use_within = self.cfg.random_replace == "within"
-        candidate_set = list(range(len(self.langs))) if use_within else [0] * len(self.langs)
         dataset = MaskedLanguageDataset(
             items, self.dictionary.pad(), self.build_masker(),
-            [self.mask_idx] * len(self.langs), candidate_set, seed=self.cfg.seed, shuffle=base == "train",
+            [self.mask_symbol(lang) for lang in range(len(self.langs))], self.random_candidate_sets(),
+            seed=self.cfg.seed, shuffle=base == "train",
         )
         probabilities = np.zeros(len(self.langs))
         probabilities[list(split_langs)] = language_probabilities(sentence_counts, self.cfg.lang_sampling_alpha)

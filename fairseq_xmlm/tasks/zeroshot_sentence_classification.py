@@ -2,7 +2,7 @@
 
     fairseq-train XNLI_DIR --user-dir fairseq_xmlm --task zeroshot_sentence_classification \
         --pretrained checkpoints/en_fr/checkpoint_best.pt --arch zeroshot_sentence_classifier \
-        --criterion zeroshot_cross_entropy (criterions/zeroshot_cross_entropy.py) --optimizer adam_head_lr --lr 5e-6 --head-lr 1.25e-4 \
+        --criterion zeroshot_cross_entropy --optimizer adam_head_lr --lr 5e-6 --head-lr 1.25e-4 \
         --lr-scheduler fixed --batch-size 8 --max-epoch 200 --valid-subset valid_en,valid_fr \
         --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric
 
@@ -28,8 +28,9 @@ from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.tasks import register_task
 
-from fairseq_xmlm.tasks._shared_dictionary import SharedDictionaryTask
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.evaluation.encode import pad_batch
+from fairseq_xmlm.tasks._shared_dictionary import SharedDictionaryTask
 
 HEAD_GROUP = "head"  # value of the `lr_group` attribute that marks the classifier's parameters
 
@@ -65,8 +66,6 @@ class SentencePairDataset(FairseqDataset):
         return np.argsort(self.sizes, kind="stable")
 
     def collater(self, samples):
-        from fairseq_xmlm.zeroshot.finetune import pad_batch
-
         if not samples:
             return {}
         tokens = pad_batch([s["tokens"] for s in samples], self.pad)
@@ -170,7 +169,8 @@ class AdamHeadLr(FairseqAdam):
         encoder = [p for p in params if getattr(p, "lr_group", None) != HEAD_GROUP]
         head = [p for p in params if getattr(p, "lr_group", None) == HEAD_GROUP]
         if not head:
-            raise XmlmError("--optimizer adam_head_lr found no head parameters (use --arch zeroshot_sentence_classifier)")
+            raise XmlmError("--optimizer adam_head_lr found no head parameters "
+                            "(use --arch zeroshot_sentence_classifier)")
         self.base_lr = cfg.lr[0] if isinstance(cfg.lr, Collection) else cfg.lr
         self.head_scale = (cfg.head_lr / self.base_lr) if cfg.head_lr > 0 else 1.0
         super().__init__(cfg, [{"params": encoder}, {"params": head, "lr": self.base_lr * self.head_scale}])

@@ -20,20 +20,25 @@ The verses come from the checkpoint's data-bin (all three of its splits, mapped 
 unlabelled text; only the genre labels of held-out books are never seen.
 
 `xmlm-genre --checkpoints A.pt B.pt --langs fr,de --out results/genre.md` fine-tunes each checkpoint on English
-and writes a table of zero-shot accuracies next to the majority-class baseline (the most frequent genre of the
-English training verses), plus the same numbers as JSON (`results/genre.json`).
+(on the GPU when there is one: `--device`) and writes a table of zero-shot accuracies next to the majority-class
+baseline (the most frequent genre of the English training verses), plus the same numbers as JSON
+(`results/genre.json`), in percent like every zero-shot metric of `xmlm-zeroshot`. An epoch is one pass over the
+(`--max-train` sampled) English training verses. In Python, `genre_zero_shot` runs the same benchmark and returns
+fractions in [0, 1].
 """
 import argparse
 import collections
 import json
 import os
 import random
-import sys
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.io import log, write_atomic
 
 GENRES = ("law", "history", "wisdom", "prophecy", "gospels", "epistles")
+# fine-tuning defaults (FinetuneConfig fields) of xmlm-genre and genre_zero_shot; an epoch is a pass
+GENRE_CONFIG = {"batch_size": 32, "encoder_lr": 2e-5, "head_lr": 1e-3, "epochs": 3, "schedule": "constant"}
 
 _GENRE_RANGES = {
     "law": range(1, 6),
@@ -146,8 +151,9 @@ def majority_class(labels):
     return collections.Counter(labels).most_common(1)[0][0]
 
 
-def evaluate_checkpoint(path, langs, config, source="en", max_train=None, data=None):
-    """Fine-tune one checkpoint on `source` genres; accuracies (percent) on the dev and test books.
+def evaluate_checkpoint(path, langs, config, source="en", max_train=None, data=None, device=None):
+    """Fine-tune one checkpoint on `source` genres (on `device`, default the GPU when there is one); accuracies
+    (percent) on the dev and test books.
 
     -> {"dev": {source: acc}, "test": {lang: acc}, "majority": {lang: acc}, "majority_genre", "train_verses",
         "history"}; languages the checkpoint lacks are left out.
@@ -156,7 +162,7 @@ def evaluate_checkpoint(path, langs, config, source="en", max_train=None, data=N
                                                 language_index, load_pretrained, predict_classes,
                                                 train_sentence_classifier)
 
-    encoder, task = load_pretrained(path, data)
+    encoder, task = load_pretrained(path, data, device)
     source_sets = genre_sets(task, source)
     train = source_sets["train"]
     if max_train is not None and len(train) > max_train:
@@ -165,13 +171,13 @@ def evaluate_checkpoint(path, langs, config, source="en", max_train=None, data=N
     classifier = SentenceClassifier(encoder, len(GENRES), config.dropout)
     freeze_language_specific(encoder)
     source_id = language_index(task, source)
-    print(f"{path}: fine-tuning on {len(train)} {source} verses", file=sys.stderr, flush=True)
+    log(f"{path}: fine-tuning on {len(train)} {source} verses")
     history = train_sentence_classifier(classifier, train, source_sets["dev"], source_id, config)
     result = {"dev": {source: max(h["dev_accuracy"] for h in history)}, "test": {}, "majority": {},
               "majority_genre": GENRES[majority], "train_verses": len(train), "history": history}
     for lang in [source] + [lang for lang in langs if lang != source]:
         if lang not in task.langs:
-            print(f"{path}: no {lang} in this checkpoint, skipped", file=sys.stderr)
+            log(f"{path}: no {lang} in this checkpoint, skipped")
             continue
         test = source_sets["test"] if lang == source else genre_sets(task, lang)["test"]
         if not test:
@@ -180,9 +186,19 @@ def evaluate_checkpoint(path, langs, config, source="en", max_train=None, data=N
         predictions = predict_classes(classifier, [x for x, _ in test], language_index(task, lang))
         result["test"][lang] = accuracy(predictions, labels)
         result["majority"][lang] = accuracy([majority] * len(labels), labels)
-        print(f"{path}: {lang} test accuracy {result['test'][lang]:.2f} (majority {result['majority'][lang]:.2f})",
-              file=sys.stderr, flush=True)
+        log(f"{path}: {lang} test accuracy {result['test'][lang]:.2f} (majority {result['majority'][lang]:.2f})")
     return result
+
+
+def genre_zero_shot(checkpoint, data_dir, langs, device=None, config=None, max_train=None, source="en"):
+    """`evaluate_checkpoint` as fractions in [0, 1]: -> {"test": {lang: accuracy}, "majority": {lang: accuracy of
+    the majority-class baseline}, "dev": {source: best dev accuracy}}; `source` is tested in-language, the other
+    languages zero-shot. data_dir None: the checkpoint's own data-bin; config None: GENRE_CONFIG."""
+    from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
+
+    result = evaluate_checkpoint(checkpoint, langs, config or FinetuneConfig(**GENRE_CONFIG), source, max_train,
+                                 data_dir, device)
+    return {key: {lang: value / 100 for lang, value in result[key].items()} for key in ("test", "majority", "dev")}
 
 
 def results_table(results, langs, source="en"):
@@ -201,17 +217,9 @@ def results_table(results, langs, source="en"):
     return "\n".join(["# Bible genre classification (zero-shot)", "", note, "", *rows]) + "\n"
 
 
-def _write_atomic(path, text):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 @cli_errors
 def main(argv=None):
-    from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig
+    from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig, default_device
 
     parser = argparse.ArgumentParser(prog="xmlm-genre", description="Bible genre classification: fine-tune on "
                                      "English, evaluate zero-shot on held-out books in other languages.")
@@ -221,22 +229,31 @@ def main(argv=None):
     parser.add_argument("--data", default=None, help="data-bin directory (default: the checkpoint's own)")
     parser.add_argument("--source", default="en", help="fine-tuning language")
     parser.add_argument("--max-train", type=int, default=None, help="fine-tune on a random sample of this many")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--encoder-lr", type=float, default=2e-5)
-    parser.add_argument("--head-lr", type=float, default=1e-3)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--schedule", choices=SCHEDULES, default="constant")
+    parser.add_argument("--batch-size", type=int, default=GENRE_CONFIG["batch_size"])
+    parser.add_argument("--encoder-lr", type=float, default=GENRE_CONFIG["encoder_lr"])
+    parser.add_argument("--head-lr", type=float, default=GENRE_CONFIG["head_lr"])
+    parser.add_argument("--epochs", type=int, default=GENRE_CONFIG["epochs"],
+                        help="passes over the English training verses (the dev books are scored after each)")
+    parser.add_argument("--schedule", choices=SCHEDULES, default=GENRE_CONFIG["schedule"])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default=default_device(), help="cuda or cpu (default: cuda when available)")
     args = parser.parse_args(argv)
     langs = [lang for lang in args.langs.split(",") if lang]
     config = FinetuneConfig(batch_size=args.batch_size, encoder_lr=args.encoder_lr, head_lr=args.head_lr,
                             epochs=args.epochs, schedule=args.schedule, seed=args.seed)
+    # every input checked before the first checkpoint's minutes of fine-tuning
+    if not langs:
+        raise XmlmError("--langs names no language (e.g. --langs fr,de)")
+    missing = [path for path in args.checkpoints if not os.path.isfile(path)]
+    if missing:
+        raise XmlmError(f"checkpoint not found: {', '.join(missing)}")
+    if args.data is not None and not os.path.isdir(args.data):
+        raise XmlmError(f"data directory {args.data} does not exist")
     results = {}
     for path in args.checkpoints:
-        if not os.path.isfile(path):
-            raise XmlmError(f"checkpoint not found: {path}")
-        results[path] = evaluate_checkpoint(path, langs, config, args.source, args.max_train, args.data)
+        results[path] = evaluate_checkpoint(path, langs, config, args.source, args.max_train, args.data,
+                                            args.device)
     table = results_table(results, langs, args.source)
-    _write_atomic(Path(args.out).with_suffix(".json"), json.dumps(results, indent=2) + "\n")
-    _write_atomic(args.out, table)
+    write_atomic(Path(args.out).with_suffix(".json"), json.dumps(results, indent=2) + "\n")
+    write_atomic(args.out, table)
     print(table)

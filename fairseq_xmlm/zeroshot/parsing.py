@@ -12,6 +12,8 @@ from torch import nn
 
 from fairseq_xmlm.errors import XmlmError
 
+IGNORE = -100  # target of the root and of padding (F.cross_entropy's ignore_index)
+
 
 class _Projection(nn.Sequential):
     def __init__(self, input_dim, output_dim, dropout):
@@ -63,22 +65,22 @@ class BiaffineParser(nn.Module):
         """
         word_mask = mask.clone()
         word_mask[:, 0] = False
-        arc_scores = self.arc_scores(words, mask)
-        arc_loss = F.cross_entropy(arc_scores[word_mask], gold_heads[word_mask])
+        # ignore_index rather than boolean indexing: the same mean over words, without waiting for the GPU
+        heads = gold_heads.masked_fill(~word_mask, IGNORE)
+        labels = gold_labels.masked_fill(~word_mask, IGNORE)
+        arc_loss = F.cross_entropy(self.arc_scores(words, mask).flatten(0, 1), heads.flatten(), ignore_index=IGNORE)
         label_scores = self.label_scores(words, gold_heads)
-        label_loss = F.cross_entropy(label_scores[word_mask], gold_labels[word_mask])
-        return arc_loss + label_loss
+        return arc_loss + F.cross_entropy(label_scores.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
 
     @torch.no_grad()
     def predict(self, words, mask, decoder="mst"):
         """-> (heads, labels): two lists of per-sentence int lists for words 1..n (root excluded)."""
-        arc_scores = self.arc_scores(words, mask)
+        arc_scores = self.arc_scores(words, mask).float().cpu().numpy()  # decoding runs on the CPU
         lengths = mask.sum(1).tolist()
-        heads = torch.zeros(mask.shape, dtype=torch.long, device=words.device)
+        heads = torch.zeros(mask.shape, dtype=torch.long)
         for index, length in enumerate(lengths):
-            sentence_scores = arc_scores[index, :length, :length].float().cpu().numpy()
-            heads[index, :length] = torch.as_tensor(decode_heads(sentence_scores, decoder))
-        labels = self.label_scores(words, heads).argmax(-1)
+            heads[index, :length] = torch.as_tensor(decode_heads(arc_scores[index, :length, :length], decoder))
+        labels = self.label_scores(words, heads.to(words.device)).argmax(-1).cpu()
         return ([heads[i, 1:n].tolist() for i, n in enumerate(lengths)],
                 [labels[i, 1:n].tolist() for i, n in enumerate(lengths)])
 

@@ -10,12 +10,15 @@ files, see fairseq_xmlm.zeroshot.run) once per grid setting (`--grid xnli`: batc
 5e-6} x head lr {5e-6, 2.5e-5, 1.25e-4}, constant lr; `--grid ner`: batch {16, 32} x lr {2e-5, 3e-5, 5e-5} for
 encoder and head, 10 % warm-up then linear decay; the default grid of xnli is xnli, of ner / parse ner) and
 writes every run plus the selected average. The task files are read and encoded once for the whole grid.
+Fine-tuning runs on the GPU when there is one (`--device`); an epoch is `--epoch-size` examples or one pass,
+whichever is smaller (the paper's XNLI: 200 epochs of 20,000 examples; NER / parsing: 10 passes).
 """
 import argparse
 import itertools
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.io import write_atomic, write_json
 
 GRIDS = {
     # (batch size, encoder lr, head lr, schedule)
@@ -34,7 +37,7 @@ def average_of_best_two(runs, dev_key, test_keys):
     return selected, {key: sum(run[key] for run in selected) / 2 for key in test_keys}
 
 
-def run_sweep(evaluate, grid, epochs, seed=1):
+def run_sweep(evaluate, grid, epochs, seed=1, epoch_size=None):
     """evaluate(FinetuneConfig) -> {"dev": score, "test": {lang: score}} once per grid setting
     -> (runs, the best two on dev, their average test scores)."""
     from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
@@ -44,7 +47,7 @@ def run_sweep(evaluate, grid, epochs, seed=1):
     runs = []
     for batch_size, encoder_lr, head_lr, schedule in GRIDS[grid]:
         config = FinetuneConfig(batch_size=batch_size, encoder_lr=encoder_lr, head_lr=head_lr, epochs=epochs,
-                                schedule=schedule, seed=seed)
+                                schedule=schedule, seed=seed, epoch_size=epoch_size)
         result = evaluate(config)
         runs.append({"batch_size": batch_size, "encoder_lr": encoder_lr, "head_lr": head_lr, "schedule": schedule,
                      "dev": result["dev"], **{f"test_{lang}": score for lang, score in result["test"].items()}})
@@ -53,11 +56,11 @@ def run_sweep(evaluate, grid, epochs, seed=1):
     return runs, selected, averages
 
 
-def genre_evaluator(checkpoint, langs, max_train=None, source="en"):
+def genre_evaluator(checkpoint, langs, max_train=None, source="en", data=None, device=None):
     from fairseq_xmlm.zeroshot.genre import evaluate_checkpoint
 
     def evaluate(config):
-        result = evaluate_checkpoint(checkpoint, langs, config, source, max_train)
+        result = evaluate_checkpoint(checkpoint, langs, config, source, max_train, data, device)
         return {"dev": result["dev"][source], "test": result["test"]}
 
     return evaluate
@@ -91,7 +94,7 @@ def sweep_table(title, runs, selected, averages, source="en"):
 @cli_errors
 def main(argv=None):
     from fairseq_xmlm.zeroshot import run
-    from fairseq_xmlm.zeroshot.genre import _write_atomic
+    from fairseq_xmlm.zeroshot.finetune import default_device
 
     parser = argparse.ArgumentParser(description="Fine-tuning grid; average of the best two settings on English dev.")
     parser.add_argument("--task", choices=("genre", *run.TASKS), default="genre")
@@ -104,6 +107,9 @@ def main(argv=None):
     parser.add_argument("--data", default=None, help="pretraining data-bin (default: the checkpoint's own)")
     parser.add_argument("--grid", choices=sorted(GRIDS), help="default: xnli for genre / xnli, ner for ner / parse")
     parser.add_argument("--epochs", type=int, default=3, help="the paper: 200 for XNLI, 10 for NER/parsing")
+    parser.add_argument("--epoch-size", type=int, default=None, help="training examples per epoch, at most one "
+                        "pass (default: 20000 for --task xnli, as the paper's XLM epochs; else one pass)")
+    parser.add_argument("--device", default=default_device(), help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--max-train", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", required=True, help="markdown table (and a .json with the same stem)")
@@ -112,7 +118,7 @@ def main(argv=None):
         if not args.langs:
             raise XmlmError("--task genre needs --langs")
         evaluate = genre_evaluator(args.checkpoint, [lang for lang in args.langs.split(",") if lang],
-                                   args.max_train, args.source)
+                                   args.max_train, args.source, args.data, args.device)
         grid, title = args.grid or "xnli", f"Genre sweep: {args.checkpoint}"
     else:
         if not args.train_file or not args.dev_file:
@@ -120,12 +126,12 @@ def main(argv=None):
         evaluate = task_evaluator(run.benchmark_from_args(args.task, args))
         grid = args.grid or ("xnli" if args.task == "xnli" else "ner")
         title = f"{args.task} sweep ({run.PRIMARY_METRIC[args.task]}): {args.checkpoint}"
-    runs, selected, averages = run_sweep(evaluate, grid, args.epochs, args.seed)
+    epoch_size = args.epoch_size or run.DEFAULT_CONFIG.get(args.task, {}).get("epoch_size")
+    runs, selected, averages = run_sweep(evaluate, grid, args.epochs, args.seed, epoch_size)
     table = sweep_table(title, runs, selected, averages, args.source)
-    run.write_json_atomic(Path(args.out).with_suffix(".json"),
-                          {"task": args.task, "grid": grid, "runs": runs, "selected": selected,
-                           "average_of_best_two": averages})
-    _write_atomic(args.out, table)
+    write_json(Path(args.out).with_suffix(".json"), {"task": args.task, "grid": grid, "runs": runs,
+                                                     "selected": selected, "average_of_best_two": averages}, indent=2)
+    write_atomic(args.out, table)
     print(table)
 
 

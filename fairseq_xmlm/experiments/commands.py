@@ -1,0 +1,49 @@
+"""Running the steps of an experiment as child processes: each printed before it runs (`+ command`), none run
+under --dry-run, a failure one `error:` line (XmlmError) instead of a traceback."""
+import os
+import subprocess
+import sys
+
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.io import log
+
+
+def python_module(name):
+    """`python -m NAME`: works where the console scripts are not installed (e.g. a GPU machine with PYTHONPATH)."""
+    return [sys.executable, "-m", name]
+
+
+def run_command(command, dry_run, log_path=None):
+    """Run one command; with `log_path`, its output goes to LOG.partial, renamed to LOG when it succeeds (so a
+    finished step is told from an interrupted one), and its progress lines also to the console."""
+    command = list(map(str, command))
+    log("+ " + " ".join(command))
+    if dry_run:
+        return
+    # A step that refuses bad input ends with `error: <reason>` (every command of ours, fairseq-train with the
+    # plugin): that reason becomes this command's one error line, instead of a second line after the step's.
+    reason = None
+    if log_path is None:
+        process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        for line in process.stderr:
+            if line.startswith("error: "):
+                reason = line[len("error: "):].strip()
+            else:
+                sys.stderr.write(line)
+        if process.wait():
+            raise XmlmError(reason or f"command failed: {' '.join(command)}")
+        return
+    tmp = log_path.with_name(log_path.name + ".partial")
+    with open(tmp, "w") as out:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        for line in process.stdout:
+            out.write(line)
+            if line.startswith("error: "):
+                reason = line[len("error: "):].strip()
+            elif " | train_inner | " in line or " | valid | " in line or "Error" in line:  # progress on the console
+                sys.stderr.write(line)
+        if process.wait():
+            raise XmlmError(f"{reason} (log: {tmp})" if reason else
+                            f"command failed (exit {process.returncode}), log: {tmp}")
+    tmp.replace(log_path)

@@ -1,0 +1,102 @@
+"""Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
+
+    python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N] [--ids 0,1,...] [--dry-run]
+        [--gpu-pack] [--report|--status]
+
+For every run ID (runs.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
+into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
+Then results/dufter/table1.md, table2.md and the figures (PNG) are written from whatever results exist (--report
+writes only them).
+With --gpu-pack every pending run is trained at once as stacked models (sweep.py), side by side on the GPU or
+GPUs, each run evaluated as soon as its group has trained: the whole of Tables 1 and 2 in one command. SIGTERM
+suspends the packed groups (they save their state) and the same command resumes them.
+"""
+import argparse
+import os
+import shlex
+from pathlib import Path
+
+from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.experiments.dufter import recipe, report, sweep
+from fairseq_xmlm.experiments.dufter.runs import PRESETS, RUNS, SEEDS, TABLE1_IDS, TABLE2_IDS
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="full")
+    parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
+    parser.add_argument("--ids", help="comma-separated run IDs (default: every ID of Tables 1 and 2)")
+    parser.add_argument("--data", default=str(recipe.REPO / "data-bin" / "fake_english"))
+    parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter"))
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--status", action="store_true",
+                        help="print how many seeds of each run ID are evaluated, trained, started or pending; "
+                             "change nothing")
+    parser.add_argument("--report", action="store_true",
+                        help="train and evaluate nothing: write the tables and figures from the results present "
+                             "(e.g. copied back from a GPU machine)")
+    parser.add_argument("--train-args", default="",
+                        help="extra fairseq-train options, e.g. '--fp16 --optimizer xmlm_adamw --num-workers 2'")
+    parser.add_argument("--gpu-pack", action="store_true",
+                        help="train the runs as stacked models, one process per group, taking turns on each GPU "
+                             "as CUDA graphs (fairseq_xmlm.packed, bf16), each run evaluated once trained; "
+                             "SIGTERM suspends the groups, a rerun resumes them; --train-args do not apply")
+    parser.add_argument("--pack-slots", type=int, default=0,
+                        help="--gpu-pack: processes (groups, evaluations, untrained runs) at a time (0: CPU cores / 2)")
+    parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
+    parser.add_argument("--pack-eager", action="store_true",
+                        help="--gpu-pack: no torch.compile of the stacked models (compiled by default)")
+    parser.add_argument("--pack-lockstep", action="store_true",
+                        help="--gpu-pack: train each BERT-base group in one process with small groups, each on a "
+                             "CUDA stream of its own, one update of each a round (faster rounds, slower warm-up)")
+    parser.add_argument("--pack-eval-cpu", action="store_true",
+                        help="--gpu-pack: evaluate a BERT-small run on the CPU (niced, 2 threads) when its group "
+                             "ends while others have yet to train, and an untrained one while any run trains, so that "
+                             "the GPU is the training's alone")
+    return parser.parse_args(argv)
+
+
+@cli_errors
+def main(argv=None):
+    args = parse_args(argv)
+    preset = PRESETS[args.preset]
+    ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
+    unknown = [run_id for run_id in ids if run_id not in RUNS]
+    if unknown:
+        raise XmlmError(f"unknown run IDs {unknown}; known: {', '.join(RUNS)}")
+    seeds = SEEDS[: args.seeds or preset["seeds"]]
+    data, results = Path(args.data), Path(args.results)
+    runs_dir = results / "runs"
+    if args.status:
+        recipe.print_status(runs_dir, ids, seeds)
+        return
+    if args.report:
+        report.write_report(runs_dir, results, data, ids)
+        return
+    if args.gpu_pack and not args.dry_run and not recipe.has_cuda():  # bf16 stacked models on a CPU: hours per run
+        raise XmlmError("--gpu-pack trains on a GPU and none is visible here; without --gpu-pack each run is a "
+                        "fairseq-train on the CPU")
+    if args.gpu_pack and args.train_args:
+        raise XmlmError("--train-args apply to fairseq-train runs, not to --gpu-pack")
+    recipe.ensure_data(data, args.dry_run)
+    knn_table = results / "knn_table.pt"
+    if any(RUNS[run_id].needs_knn for run_id in ids):
+        recipe.ensure_knn_table(data, knn_table, args.dry_run)
+    if args.gpu_pack:
+        pending = [(run_id, seed) for run_id in ids for seed in seeds
+                   if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
+        slots = args.pack_slots or max(1, (os.cpu_count() or 2) // 2)
+        sweep.run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, args.pack_max_group,
+                             args.dry_run, False if args.pack_eager else None, args.pack_lockstep, args.pack_eval_cpu)
+    else:
+        for run_id in ids:
+            for seed in seeds:
+                recipe.run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run,
+                               shlex.split(args.train_args))
+    if not args.dry_run:
+        report.write_report(runs_dir, results, data, ids)
+
+
+if __name__ == "__main__":
+    main()

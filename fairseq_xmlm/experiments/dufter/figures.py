@@ -1,0 +1,131 @@
+"""Dufter & Schütze 2020's figures as PNG (matplotlib's Agg backend, no display needed).
+
+- Fig. 4: PCA of the layer-0 vectors of every word of both languages (top) and of a sample, twins joined (bottom);
+- Fig. 5/8: cosine similarity of position embeddings (English positions first, then Fake under lang-pos);
+- Fig. 6/7: mu and perplexity over training updates, mean and std bands over seeds, read from fairseq's
+  json validation log lines written while training with `--eval-multilinguality`.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.plotting import pyplot, save_png
+
+
+def pca_2d(vectors):
+    """Project (n, d) rows on their first two principal components."""
+    centered = vectors - vectors.mean(dim=0, keepdim=True)
+    _, _, v = torch.pca_lowrank(centered, q=2, center=False)
+    return centered @ v[:, :2]
+
+
+def plot_token_pca(english, fake, words, path, sample=30, seed=0):
+    """Fig. 4: one PCA over both languages' word vectors (n, d) each; row i of `fake` is the twin of row i."""
+    points = pca_2d(torch.cat([english, fake]).float()).numpy()
+    n = len(english)
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(7, 11))
+    top.scatter(points[:n, 0], points[:n, 1], s=3, alpha=0.5, label="English")
+    top.scatter(points[n:, 0], points[n:, 1], s=3, alpha=0.5, label="Fake-English")
+    top.legend()
+    top.set_title("PCA of layer-0 token vectors")
+    chosen = np.random.default_rng(seed).choice(n, size=min(sample, n), replace=False)
+    for i in chosen:
+        (x0, y0), (x1, y1) = points[i], points[n + i]
+        bottom.plot([x0, x1], [y0, y1], color="0.8", linewidth=0.7)
+        bottom.annotate(words[i], (x0, y0), fontsize=7, color="C0")
+        bottom.annotate("::" + words[i], (x1, y1), fontsize=7, color="C1")
+    bottom.scatter(points[chosen, 0], points[chosen, 1], s=8, color="C0")
+    bottom.scatter(points[n + chosen, 0], points[n + chosen, 1], s=8, color="C1")
+    bottom.set_title(f"a sample of {len(chosen)} tokens and their twins")
+    return save_png(fig, path)
+
+
+def position_similarity(tables):
+    """Cosine similarity between all rows of the position tables, stacked in order (English first): (P, P)."""
+    rows = F.normalize(torch.cat([t.detach().float() for t in tables]), dim=-1)
+    return rows @ rows.T
+
+
+def plot_position_similarity(panels, path):
+    """Fig. 5/8: one similarity matrix per panel, {title: (P, P) matrix}."""
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    for axis, (title, matrix) in zip(axes[0], panels.items()):
+        image = axis.imshow(matrix.numpy(), cmap="viridis", vmin=-1, vmax=1)
+        axis.set_title(title)
+        axis.set_xlabel("position id")
+        axis.set_ylabel("position id")
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
+    return save_png(fig, path)
+
+
+def read_fairseq_log(path, tag):
+    """The json records of one kind (`valid`, `train`) from a fairseq log written with --log-format json.
+
+    A line looks like `... | INFO | valid | {"epoch": 1, "valid_loss": "6.1", ..., "valid_num_updates": "40"}`.
+    Values become floats where they are numbers.
+    """
+    records = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        marker = f"| {tag} | {{"
+        if marker not in line:
+            continue
+        record = json.loads(line[line.index(marker) + len(marker) - 1:])
+        records.append({key: _number(value) for key, value in record.items()})
+    return records
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def curves_over_seeds(logs, metric, tag="valid"):
+    """Mean and (sample) std over seeds of `{tag}_{metric}` at the updates every seed's log has.
+
+    logs: list of log paths (one per seed). Returns (updates, mean, std) as numpy arrays.
+    """
+    per_seed = []
+    for path in logs:
+        series = {int(r[f"{tag}_num_updates"]): r[f"{tag}_{metric}"]
+                  for r in read_fairseq_log(path, tag) if f"{tag}_{metric}" in r and f"{tag}_num_updates" in r}
+        per_seed.append(series)
+    common = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
+    if not common:
+        raise XmlmError(f"no '{tag}_{metric}' records shared by the logs {[str(p) for p in logs]} "
+                        "(train with --log-format json and --eval-multilinguality)")
+    values = np.array([[series[u] for u in common] for series in per_seed])
+    std = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(len(common))
+    return np.array(common), values.mean(axis=0), std
+
+
+def plot_training_curves(runs, path, metrics=("mu", "retrieval0", "retrieval8", "translation0", "translation8")):
+    """Fig. 6/7: per run (label -> seed logs) the multilinguality parts and the perplexities over updates."""
+    fig, axes = pyplot().subplots(len(runs), 2, figsize=(12, 3.8 * len(runs)), squeeze=False)
+    for (label, logs), (left, right) in zip(runs.items(), axes):
+        for metric in metrics:
+            updates, mean, std = curves_over_seeds(logs, metric)
+            left.plot(updates, mean, label=metric, linewidth=2 if metric == "mu" else 1)
+            left.fill_between(updates, mean - std, mean + std, alpha=0.2)
+        left.set_ylim(0, 1)
+        seeds = f"{len(logs)} seed{'s' if len(logs) > 1 else ''}"
+        left.set_title(f"{label}: multilinguality ({seeds})")
+        left.legend(fontsize=7)
+        for tag in ("train", "valid"):
+            # over seeds in log space (fairseq's base-2 loss): one run that fails to learn widens the band
+            # instead of swamping the mean, and the band stays positive on the log axis
+            updates, mean, std = curves_over_seeds(logs, "loss", tag)
+            right.plot(updates, 2 ** mean, label=f"{tag} perplexity")
+            right.fill_between(updates, 2 ** (mean - std), 2 ** (mean + std), alpha=0.2)
+        right.set_yscale("log")
+        right.set_title(f"{label}: MLM perplexity ({seeds})")
+        right.legend(fontsize=7)
+        for axis in (left, right):
+            axis.set_xlabel("updates")
+    fig.tight_layout()
+    return save_png(fig, path)

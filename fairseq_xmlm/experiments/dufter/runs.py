@@ -1,0 +1,106 @@
+"""Dufter & Schütze 2020's runs: every ID of Tables 1 and 2 with its fairseq-train flags, the presets, and the
+paper's numbers that the report sets beside ours."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Run:
+    description: str
+    flags: tuple = ()  # fairseq-train flags on top of the common ones
+    untrained: bool = False  # evaluate an update-0 checkpoint
+    epoch_factor: int = 1  # no-parallel sees each sentence in one language only: twice the epochs
+    needs_knn: bool = False  # needs the neighbour table of xmlm-build-knn
+
+
+OVERPARAM = ("--arch", "xmlm_bert_base", "--lr", "1e-4")
+RUNS = {
+    "0": Run("original"),
+    "1": Run("lang-pos", ("--lang-pos",)),
+    "2": Run("shift-special", ("--shift-special",)),
+    "4": Run("no-random", ("--no-random",)),
+    "5": Run("lang-pos;shift-special", ("--lang-pos", "--shift-special")),
+    "6": Run("lang-pos;no-random", ("--lang-pos", "--no-random")),
+    "7": Run("shift-special;no-random", ("--shift-special", "--no-random")),
+    "8": Run("lang-pos;shift-special;no-random", ("--lang-pos", "--shift-special", "--no-random")),
+    "15": Run("overparam", OVERPARAM),
+    "16": Run("lang-pos;overparam", ("--lang-pos",) + OVERPARAM),
+    "17": Run("lang-pos;shift-special;no-random;overparam",
+              ("--lang-pos", "--shift-special", "--no-random") + OVERPARAM),
+    "3": Run("inv-order", ("--inv-order",)),
+    "9": Run("lang-pos;inv-order;shift-special;no-random",
+             ("--lang-pos", "--inv-order", "--shift-special", "--no-random")),
+    "18": Run("untrained", untrained=True),
+    "19": Run("untrained;lang-pos", ("--lang-pos",), untrained=True),
+    "30": Run("knn-replace", needs_knn=True),
+    "21": Run("no-parallel", ("--no-parallel",), epoch_factor=2),
+    "21b": Run("lang-pos;no-parallel", ("--lang-pos", "--no-parallel"), epoch_factor=2),
+}
+TABLE1_IDS = ("0", "1", "2", "4", "5", "6", "7", "8", "15", "16", "17", "3", "9", "18", "19", "30")
+TABLE2_IDS = ("0", "21", "21b")
+CURVE_IDS = ("0", "15", "30")  # Fig. 6/7: trained with the multilinguality validation hook
+
+SEEDS = (0, 42, 43, 100, 101)  # the paper's seeds (Table 9)
+KNN_NEIGHBOURS = 1  # Appendix A.3: "in the fake-English setup only with the nearest neighbor"
+BATCH_SIZE = 256  # the paper's; a preset may set its own
+PRESETS = {
+    # paper: 100 epochs, 5 seeds, the whole 10k-sentence dev set
+    "full": {"epochs": 100, "seeds": 5, "eval_sentences": None, "eval_train_sentences": None, "validate_every": 500,
+             "valid_steps": 20},
+    # a CPU afternoon: the same runs, short and once, perplexity and mu on subsets
+    "quick": {"epochs": 3, "seeds": 1, "eval_sentences": 1000, "eval_train_sentences": 2000, "validate_every": 50,
+              "valid_steps": 10},
+    # examples/quickstart.sh: the original model and its untrained twin, <= 10 minutes on 2 CPU cores. Batches of
+    # 32 sentences give 8x the updates of the paper's 256 for the same compute: multilinguality shows up sooner.
+    "quickstart": {"epochs": 3, "seeds": 1, "eval_sentences": 1000, "eval_train_sentences": 2000,
+                   "validate_every": 500, "valid_steps": 10, "ids": ("0", "18"), "batch_size": 32},
+}
+
+# the tables' numeric columns, in the paper's order ("lo"/"hi": the two layers shown, 0 and 8 by default)
+COLUMNS = ("mu", "f1_lo", "rho_lo", "tau_lo", "f1_hi", "rho_hi", "tau_hi", "ppl_train", "ppl_dev")
+
+# The paper's numbers: Table 1 as (mean, std) per column; Table 2 gives means only.
+_PAPER_TABLE1 = """
+0 .70 1.00 .00 .16 .02 .88 .02 1.00 .00 .97 .01 .79 .03 9 0.2 217 7.8
+1 .30 .87 .05 .33 .13 .40 .09 .89 .05 .39 .15 .09 .05 9 0.1 216 9.0
+2 .66 1.00 .00 .15 .02 .88 .01 1.00 .00 .97 .02 .63 .13 9 0.1 227 17.9
+4 .68 1.00 .00 .19 .03 .87 .02 1.00 .00 .85 .07 .82 .04 9 0.6 273 7.7
+5 .20 .62 .19 .22 .19 .27 .20 .72 .22 .27 .21 .05 .04 10 0.5 205 7.6
+6 .30 .91 .04 .29 .10 .36 .12 .89 .05 .32 .15 .25 .12 10 0.4 271 8.6
+7 .68 1.00 .00 .21 .03 .85 .01 1.00 .00 .89 .06 .79 .04 8 0.3 259 15.6
+8 .12 .46 .26 .09 .09 .18 .22 .54 .31 .11 .11 .11 .13 10 0.6 254 15.9
+15 .58 1.00 .00 .27 .03 .63 .05 1.00 .00 .97 .01 .47 .06 2 0.1 261 4.5
+16 .01 .25 .10 .01 .00 .01 .00 .37 .13 .01 .00 .00 .00 3 0.0 254 4.9
+17 .00 .05 .02 .00 .00 .00 .00 .05 .04 .00 .00 .00 .00 1 0.0 307 7.7
+3 .01 .02 .00 .00 .00 .01 .00 .02 .00 .01 .01 .00 .00 11 0.3 209 14.4
+9 .00 .04 .01 .00 .00 .00 .00 .03 .01 .00 .00 .00 .00 10 0.4 270 20.1
+18 .00 .97 .01 .00 .00 .00 .00 .96 .01 .00 .00 .00 .00 3484 44.1 4128 42.7
+19 .00 .02 .00 .00 .00 .00 .00 .02 .00 .00 .00 .00 .00 3488 41.4 4133 50.3
+30 .74 1.00 .00 .31 .08 .88 .00 1.00 .00 .97 .01 .81 .01 11 0.3 225 12.4
+"""
+_PAPER_TABLE2 = """
+0 .70 1.00 .16 .88 1.00 .97 .79 9 217
+21 .25 .98 .06 .28 .98 .50 .15 14 383
+21b .07 .60 .10 .07 .73 .11 .02 16 456
+"""
+
+
+def _parse_paper_table1(text):
+    table = {}
+    for line in text.strip().splitlines():
+        run_id, mu, *rest = line.split()
+        values = [float(v) for v in rest]
+        table[run_id] = {"mu": (float(mu), None)} | {
+            column: (values[2 * k], values[2 * k + 1]) for k, column in enumerate(COLUMNS[1:])}
+    return table
+
+
+def _parse_paper_table2(text):
+    table = {}
+    for line in text.strip().splitlines():
+        run_id, *values = line.split()
+        table[run_id] = {column: (float(v), None) for column, v in zip(COLUMNS, values)}
+    return table
+
+
+PAPER_TABLE1 = _parse_paper_table1(_PAPER_TABLE1)
+PAPER_TABLE2 = _parse_paper_table2(_PAPER_TABLE2)
