@@ -91,7 +91,8 @@ def table_markdown(summary):
              "over seeds. retrieval: sentence retrieval P@1 (%) on held-out verses at the best layer (Lk), by "
              "cosine in the model's own space; aligned: the same after a Procrustes map learned on training "
              "verses; translation: word translation P@1 (%), Procrustes + CSLS; alignment: contextual word "
-             "alignment accuracy (%); genre: zero-shot genre accuracy (%) in the other language, majority baseline in brackets; "
+             "alignment accuracy (%); genre: zero-shot genre accuracy (%) in the other language, majority baseline "
+             "in brackets; "
              "ppl en: English dev perplexity. Paper Δ: the paper's change of XNLI / NER / parsing against Default.",
              ""]
     for pair, rows in summary["pairs"].items():
