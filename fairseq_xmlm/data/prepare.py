@@ -28,6 +28,7 @@ from fairseq_xmlm.data.codeswitch import code_switch, load_switch_dictionary
 from fairseq_xmlm.data.corpus import read_corpus
 from fairseq_xmlm.data.sentences import split_sentences
 from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.io import log
 
 MODES = ("joint", "separate", "prefixed")
 SPLITS = ("train", "valid", "test")
@@ -35,10 +36,6 @@ SPLITS = ("train", "valid", "test")
 UNTOKENIZED = {"zh", "ja"}
 DEFAULT_VALID_BOOKS = "Ruth,Jonah,Philippians"
 DEFAULT_TEST_BOOKS = "Esther,Lamentations,James"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --- book ranges --------------------------------------------------------------------------------------------
