@@ -48,12 +48,17 @@ class ReplacementConfig:
                      language's own vocabulary, Conneau et al.), "none" (never: the RANDOM share goes to KEEP)
     no_random:       `--no-random` (Dufter & Schuetze): random_replace "none", and an explicit RANDOM > 0 is refused
     knn:             K of `--knn-replace` (0: off)
+    no_random_mask_share: `--no-random-mask-share` (0: off): under no_random, MASK takes this share and KEEP the
+                     rest (after KNN's), instead of RANDOM's share going to KEEP. The paper's text gives .8/.2/0 (off);
+                     its code (github pdufter/minimult, `mask_tokens` with `do_not_replace_with_random_words`) puts the
+                     random share on the mask symbol: .9/.1/0.
     """
 
     probs: str = ""
     random_replace: str = "cross"
     no_random: bool = False
     knn: int = 0
+    no_random_mask_share: float = 0.0
 
     @property
     def random_source(self):
@@ -72,7 +77,15 @@ def resolve_replacement_probs(config):
         if probs is not None and probs[2] > 0:
             raise XmlmError("--no-random contradicts a RANDOM probability > 0 in --replacement-probs")
     probs = probs or (DEFAULT_KNN_PROBS if config.knn else DEFAULT_PROBS)
-    if config.random_source == "none":
+    if config.no_random_mask_share:
+        share = config.no_random_mask_share
+        if not config.no_random:
+            raise XmlmError("--no-random-mask-share applies to --no-random runs only")
+        if not 0.0 < share <= 1.0 - probs[3]:
+            raise XmlmError(f"--no-random-mask-share must be in (0, {1.0 - probs[3]:g}] (1 - the KNN share), "
+                            f"got {share:g}")
+        probs = (share, 1.0 - share - probs[3], 0.0, probs[3])
+    elif config.random_source == "none":
         probs = (probs[0], probs[1] + probs[2], 0.0, probs[3])
     if probs[3] > 0 and not config.knn:
         raise XmlmError("a KNN probability in --replacement-probs needs --knn-replace K")

@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fairseq_xmlm.data import bible
 from fairseq_xmlm.experiments.conneau import report
+from fairseq_xmlm.experiments.conneau.evaluate import cka_by_layer
 from fairseq_xmlm.experiments.conneau.recipe import parse_pairs, parse_rows
 from fairseq_xmlm.errors import XmlmError
 
@@ -66,6 +68,8 @@ def test_two_rows_train_evaluate_resume_and_report(small_corpus):
         assert entry["n_seeds"] == 1 and 0 <= entry["retrieval"] <= 1 and entry["ppl_en"] > 1
         assert 0 <= entry["genre"] <= 1 and 0 <= entry["genre_majority"] <= 1
         assert 0 <= entry["translation"] <= 1 and 0 <= entry["alignment"] <= 1
+        assert 0 <= entry["retrieval_aligned"] <= 1 and 0 <= entry["cka"] <= 1
+        assert set(entry["cka_random_encoder_by_layer"]) == set(entry["retrieval_by_layer"])
     result = json.loads((root / "results" / "en-fr" / "sep_emb" / "seed1.json").read_text())
     assert result["language_parameters"]["0"] > 0  # Sep Emb: English has its own embeddings
     assert [point["updates"] for point in result["curve"]] == [3, 6]
@@ -84,6 +88,22 @@ def test_report_takes_each_metric_at_its_best_layer():
     entry = report.summarize_row(by_seed)
     assert entry["retrieval_layer"] == 1 and entry["retrieval"] == pytest.approx(0.4)
     assert entry["retrieval_std"] == pytest.approx(0.1414, abs=1e-4) and entry["ppl_en"] == 15.0
+
+
+def test_cka_by_layer_sees_a_rotation_as_identical_and_unrelated_data_as_dissimilar():
+    generator = torch.Generator().manual_seed(0)
+    first = [torch.randn(500, 16, generator=generator) for _ in range(2)]
+    rotation, _ = torch.linalg.qr(torch.randn(16, 16, generator=generator))
+    rotated = cka_by_layer(first, [layer @ rotation for layer in first])
+    unrelated = cka_by_layer(first, [torch.randn(500, 16, generator=generator) for _ in range(2)])
+    assert set(rotated) == {"0", "1"} and all(value == pytest.approx(1.0) for value in rotated.values())
+    assert all(value < 0.1 for value in unrelated.values())
+
+
+def test_seeds_of_the_report_are_those_with_results():
+    found = {"en-fr": {"default": {1: {"ppl_en": 1.0}, 2: {"ppl_en": 2.0}}, "sep_emb": {2: {"ppl_en": 3.0}}}}
+    assert report.of_seeds(found, [1]) == {"en-fr": {"default": {1: {"ppl_en": 1.0}}}}
+    assert report.summarize(report.of_seeds(found, [1, 3]), "tiny", 6)["seeds"] == [1]
 
 
 def test_bad_pairs_and_rows():

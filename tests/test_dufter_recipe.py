@@ -134,7 +134,8 @@ def test_report_writes_tables_from_the_results_present_and_trains_nothing(fake_e
     main(["full", "--report", "--ids", "0,1", "--data", str(tmp_path / "no-data-needed"),
                    "--results", str(tmp_path)])
     assert "| 0 | original | 1 | 0.60 | 0.70 |" in (tmp_path / "table1.md").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "table1.md", "table2.md"]  # nothing trained
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dufter_table1.json", "runs", "table1.md",
+                                                          "table2.md"]  # nothing trained
     assert "fairseq_cli.train" not in capsys.readouterr().err
 
 
@@ -169,3 +170,91 @@ def test_report_draws_the_figures_of_the_checkpoints_present(fake_english_checkp
     assert figures == ["fig4_token_pca.png", "fig5_position_similarity.png"]
     assert all((tmp_path / name).stat().st_size > 10_000 for name in figures)
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def train_commands(capsys, argv):
+    return [c for c in planned(capsys, argv) if "fairseq_cli.train" in c]
+
+
+def option(command, name):
+    words = command.split()
+    return words[words.index(name) + 1]
+
+
+def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_english_data, tmp_path, capsys):
+    """The default trains the paper's ~13,500 updates (batches of 128: 137 an epoch); 200 epochs and clause units
+    come near it too; `--schedule 2026-11-28` is the 5-seed table's 69 x 100; each schedule's results apart."""
+    from fairseq_xmlm.data.prepare import prepare_fake_english_clauses
+    from fairseq_xmlm.experiments.dufter.__main__ import results_dir
+
+    clauses = fake_english_data.with_name(fake_english_data.name + "_clauses")
+    if not (clauses / "dict.txt").exists():
+        prepare_fake_english_clauses(fake_english_data, clauses)
+    common = ["full", "--ids", "0", "--seeds", "1", "--data", str(fake_english_data), "--results", str(tmp_path),
+              "--dry-run"]
+    expected = {None: (128, 100, 13700), "batch128": (128, 100, 13700), "2026-11-28": (256, 100, 6900),
+                "epochs200": (256, 200, 13800), "clauses": (256, 100, 13700)}
+    for schedule, (batch, epochs, updates) in expected.items():
+        command, = train_commands(capsys, common + ([] if schedule is None else ["--schedule", schedule]))
+        assert (int(option(command, "--batch-size")), int(option(command, "--max-epoch")),
+                int(option(command, "--total-num-update"))) == (batch, epochs, updates), schedule
+        assert command.split()[3] == str(clauses if schedule == "clauses" else fake_english_data)
+    assert results_dir("2026-11-28") == recipe.REPO / "results" / "dufter"
+    assert results_dir("batch128") == recipe.REPO / "results" / "dufter" / "batch128"
+
+
+def test_clip_norm_and_pack_precision_reach_both_paths(fake_english_data, tmp_path, capsys, monkeypatch):
+    """--clip-norm goes into every fairseq-train command (the packed path parses and honours it:
+    tests/test_packed_training.py), --pack-precision to the packed processes; neither is on by default."""
+    from fairseq_xmlm.packed import processes
+
+    common = ["full", "--ids", "0,4", "--seeds", "1", "--data", str(fake_english_data), "--results", str(tmp_path),
+              "--dry-run"]
+    assert all("--clip-norm" not in c for c in train_commands(capsys, common))
+    for extra in ([], ["--gpu-pack"]):
+        commands = train_commands(capsys, common + extra + ["--clip-norm", "1.0"])
+        assert len(commands) == 2 and all(option(c, "--clip-norm") == "1.0" for c in commands)
+    seen = {}
+    monkeypatch.setattr(processes, "run_jobs", lambda jobs, *args, **kwargs: [0.0] * len(jobs))
+    monkeypatch.setattr(processes, "train_side_by_side",
+                        lambda jobs, workdir, max_group, **options: seen.update(options, training=jobs))
+    for precision in ("bf16", "fp32"):
+        sweep.run_all_packed([("0", 0)], fake_english_data, tmp_path / "runs", tmp_path, PRESETS["full"],
+                             tmp_path / "knn_table.pt", slots=2, max_group=40, dry_run=False, precision=precision,
+                             train_args=lambda run_id: ["--clip-norm", "1.0"])
+        assert seen["precision"] == precision and "--clip-norm 1.0" in " ".join(seen["training"][0].argv)
+    expect_cli_error(capsys, main, common + ["--clip-norm", "-1"], "--clip-norm must be >= 0")
+
+
+def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table(fake_english_data, tmp_path,
+                                                                                 capsys):
+    from test_tables import fake_result, write_result
+
+    runs = tmp_path / "runs"
+    for seed, mu in ((0, 0.6), (42, 0.7)):
+        write_result(runs, "0", seed, fake_result(mu, rho=(0.2 + mu / 10, 0.9)))
+    write_result(runs, "4", 0, fake_result(0.5))
+    (runs / "4" / "seed0" / "train.log").write_text(  # (a log of ID 0 would be drawn as a Fig. 6/7 curve)
+        '2026-11-29 10:00:00 | INFO | train | {"epoch": 100, "train_loss": "3.2", "train_num_updates": "13700"}\n')
+    (runs / "0" / "seed0" / "eval_indomain.json").write_text(json.dumps(fake_result(0.45)))
+    main(["full", "--report", "--ids", "0,4,15", "--data", str(tmp_path / "no-data-needed"), "--results",
+          str(tmp_path)])
+    assert "| 0 | original | 1 | 0.45 | 0.70 |" in (tmp_path / "table1_indomain.md").read_text()
+    table = json.loads((tmp_path / "dufter_table1.json").read_text())
+    assert set(table) == {"setting", "updates", "seeds", "rows"} and table["setting"].startswith("batch128: ")
+    assert table["updates"] == 13700 and table["seeds"] == [0, 42] and list(table["rows"]) == ["0", "4"]
+    row = table["rows"]["0"]
+    assert set(row) == {"mu", "mu_std", "n", "layers", "ppl_train", "ppl_dev"} and row["n"] == 2
+    assert row["mu"] == pytest.approx(0.65) and row["mu_std"] == pytest.approx(0.0707, abs=1e-4)
+    assert row["layers"]["0"] == pytest.approx({"align_f1": 1.0, "retrieval": 0.265, "translation": 0.8})
+    assert set(row["layers"]) == {"0", "8"} and row["layers"]["8"]["retrieval"] == pytest.approx(0.9)
+    assert (row["ppl_train"], row["ppl_dev"]) == (9.0, 200.0) and table["rows"]["4"]["mu_std"] is None
+
+
+def test_indomain_dev_evaluates_each_run_on_the_bbe_old_testament_too(fake_english_data, tmp_path, capsys):
+    evaluations = [c for c in planned(capsys, ["full", "--ids", "0,18", "--seeds", "1", "--data",
+                                               str(fake_english_data), "--results", str(tmp_path), "--dry-run",
+                                               "--indomain-dev"]) if "eval_mult" in c]
+    indomain = fake_english_data.with_name(fake_english_data.name + "_indomain")
+    assert len(evaluations) == 4
+    assert [option(c, "--data") for c in evaluations if "eval_indomain.json" in c] == [str(indomain)] * 2

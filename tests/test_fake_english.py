@@ -266,6 +266,7 @@ FLAGS = {
     "lang-pos": ["--lang-pos"], "shift-special": ["--shift-special"], "no-random": ["--no-random"],
     "inv-order": ["--inv-order"], "no-parallel": ["--no-parallel"], "knn-replace": ["--knn-replace", "3"],
     "overparam": ["--arch", "xmlm_bert_base", "--lr", "1e-4"],
+    "attend-padding": ["--attend-padding"], "no-random-.9": ["--no-random", "--no-random-mask-share", "0.9"],
 }
 
 
@@ -310,3 +311,27 @@ def test_a_data_loader_worker_serves_every_sentence_of_an_epoch(fake_english_dat
                             timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert int(result.stdout.split()[-1]) == 2 * len(make_task(fake_english_data).load_split_sentences("train"))
+
+
+def test_attend_padding_draws_random_mixed_batches_anew_each_epoch_without_an_attention_mask(fake_english_data):
+    """--attend-padding: the paper code's batches (a random sampler over both languages' lines, no attention mask),
+    against the default's batches of sentences of about one length (6 lengths at most in the first 10 batches of
+    256, against 46-54 in random batches)."""
+    def lengths(batch):
+        return len(set(batch["net_input"]["src_tokens"].ne(1).sum(1).tolist()))
+
+    default = batches(make_task(fake_english_data), n=10)
+    mixed = batches(make_task(fake_english_data, attend_padding=True), n=10)
+    later = batches(make_task(fake_english_data, attend_padding=True), n=10, epoch=2)
+    assert all(lengths(batch) <= 8 for batch in default)
+    # the default's padding is masked (has_padding: some row is shorter than the batch)
+    assert all(batch["net_input"]["has_padding"] == (lengths(batch) > 1) for batch in default)
+    for batch in mixed:
+        assert lengths(batch) > 30 and batch["net_input"]["has_padding"] is False
+    task = make_task(fake_english_data, attend_padding=True)
+    task.load_dataset("train")
+    items = len(task.datasets["train"])
+    for epoch in (mixed, later):  # the first 10 batches of 256: about as many English as Fake sentences
+        ids = torch.cat([batch["id"] for batch in epoch])
+        assert abs(int((ids < items // 2).sum()) - len(ids) / 2) < 5 * (len(ids) / 4) ** 0.5
+    assert len(set(mixed[0]["id"].tolist()) & set(later[0]["id"].tolist())) < 30  # other sentences in epoch 2

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.masking import Masker, ReplacementConfig, candidate_table, resolve_replacement_probs
 from fairseq_xmlm.packed import runs as runs_module
 from fairseq_xmlm.packed.group import GroupData
@@ -83,7 +84,21 @@ POLICIES = {
     "knn-no-random": ReplacementConfig(no_random=True, knn=K),
     "within": ReplacementConfig(random_replace="within"),
     "within-knn": ReplacementConfig("0.4,0.1,0.2,0.3", random_replace="within", knn=K),
+    # the paper's code: the random share goes to the mask symbol (.9/.1/0), not to keep (.8/.2/0, its text)
+    "no-random-.9": ReplacementConfig(no_random=True, no_random_mask_share=0.9),
 }
+
+
+def test_no_random_mask_share_sets_mask_and_keep_and_needs_no_random():
+    assert resolve_replacement_probs(POLICIES["no-random"]) == (0.8, 0.2, 0.0, 0.0)
+    assert resolve_replacement_probs(POLICIES["no-random-.9"]) == pytest.approx((0.9, 0.1, 0.0, 0.0))
+    assert resolve_replacement_probs(ReplacementConfig(no_random=True, knn=K, no_random_mask_share=0.6)) == \
+        pytest.approx((0.6, 0.1, 0.0, 0.3))
+    for config, error in ((ReplacementConfig(no_random_mask_share=0.9), "applies to --no-random runs only"),
+                          (ReplacementConfig(no_random=True, no_random_mask_share=1.2), "must be in"),
+                          (ReplacementConfig(no_random=True, knn=K, no_random_mask_share=0.8), "must be in")):
+        with pytest.raises(XmlmError, match=error):
+            resolve_replacement_probs(config)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -133,18 +148,20 @@ def task_kinds(task, inputs, targets, langs, neighbours):
     return kind
 
 
-FLAG_PROBS = {"bert": (0.8, 0.1, 0.1, 0.0), "no-random": (0.8, 0.2, 0.0, 0.0), "knn": (0.5, 0.1, 0.1, 0.3)}
+FLAG_PROBS = {"bert": (0.8, 0.1, 0.1, 0.0), "no-random": (0.8, 0.2, 0.0, 0.0), "knn": (0.5, 0.1, 0.1, 0.3),
+              "no-random-.9": (0.9, 0.1, 0.0, 0.0)}
 
 
 def test_packed_runs_mask_as_each_run_alone(fake_english_data, tmp_path):
-    """Three runs with three policies stacked in one group: each run's targets and replacement shares in the packed
+    """Four runs with four policies stacked in one group: each run's targets and replacement shares in the packed
     batches are those of its own fairseq batches, and its flags' probabilities."""
     from test_fake_english import make_task, write_twin_table
     from test_packed_training import command, fairseq_sample
 
     write_twin_table(make_task(fake_english_data), tmp_path / "knn.pt", k=K)
     flags = {"bert": (), "no-random": ("--no-random",),
-             "knn": ("--knn-replace", str(K), "--knn-table", str(tmp_path / "knn.pt"))}
+             "knn": ("--knn-replace", str(K), "--knn-table", str(tmp_path / "knn.pt")),
+             "no-random-.9": ("--no-random", "--no-random-mask-share", "0.9")}
     runs = [runs_module.parse_run(command(fake_english_data, tmp_path, name, 1, *extra)).build()
             for name, extra in flags.items()]
     group = GroupData(runs, torch.device("cpu"))

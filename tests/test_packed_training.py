@@ -43,8 +43,9 @@ def command(data, tmp_path, name, seed, *extra, epochs=1):
             "--log-file", str(tmp_path / name / "train.log"), "--max-valid-steps", "2", "--cpu", *extra]
 
 
-def fairseq_sample(inputs, langs, positions, target_ids, slot, pad):
-    """The packed batch of one run as fairseq's sample (its blank filler rows dropped)."""
+def fairseq_sample(inputs, langs, positions, target_ids, slot, pad, has_padding=None):
+    """The packed batch of one run as fairseq's sample (its blank filler rows dropped); `has_padding` False as the
+    --attend-padding collater gives it."""
     tokens, lang_ids = inputs[slot], langs[slot]
     targets = torch.full_like(tokens, pad).view(-1)
     valid = target_ids[slot].ne(-100)
@@ -53,7 +54,8 @@ def fairseq_sample(inputs, langs, positions, target_ids, slot, pad):
     real = ~(tokens[:, 1:].eq(pad).all(dim=1) & targets.eq(pad).all(dim=1))  # blank rows: bos then padding only
     return {"id": torch.arange(int(real.sum())), "nsentences": int(real.sum()),
             "ntokens": int(tokens[real].ne(pad).sum()),
-            "net_input": {"src_tokens": tokens[real], "lang_ids": lang_ids[real]}, "target": targets[real]}
+            "net_input": {"src_tokens": tokens[real], "lang_ids": lang_ids[real], "has_padding": has_padding},
+            "target": targets[real]}
 
 
 ONE_HEAD = ("--encoder-attention-heads", "1")  # BERT-small's: the stacked layer projects q, k, v in one product
@@ -104,11 +106,33 @@ def test_short_sentences_share_attention_rows_as_if_alone():
 def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
     """Four updates of two packed runs (different seeds and flags, one with lang-pos's two extra weights) =
     fairseq's Trainer fed the same batches."""
+    assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path, (), ("--shift-special", "--no-random",
+                                                                                  "--lang-pos"))
+
+
+def test_packed_updates_clip_each_runs_norm_as_fairseq_trainer(fake_english_data, tmp_path):
+    """fairseq's --clip-norm in a packed group: each run's gradient clipped to its own norm (not the group's), as
+    fairseq's Trainer clips it; the clip bites (gradient norms over it) in every update."""
+    norms = assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path, ("--clip-norm", "0.05"),
+                                                        ("--clip-norm", "0.05", "--lang-pos"))
+    assert min(norms) > 0.05
+
+
+def test_packed_updates_attend_padding_as_fairseq_trainer(fake_english_data, tmp_path):
+    """--attend-padding in a packed group beside a run that masks its padding: the one attends to its random
+    mixed batch's padding as the model does without an attention mask, the other does not."""
+    assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path, ("--attend-padding", "--lang-pos"), ())
+
+
+def assert_packed_updates_equal_fairseq_trainer(data, tmp_path, flags_a, flags_b):
+    """Four updates of runs a (seed 1) and b (seed 2) packed = fairseq's Trainer fed the same batches; returns the
+    gradient norms fairseq's Trainer logged."""
+    from fairseq import metrics
     from fairseq.trainer import Trainer
 
-    runs = [parse_run(command(fake_english_data, tmp_path, name, seed, *flags, "--dropout", "0",
-                                              "--attention-dropout", "0")).build()
-            for name, seed, flags in (("a", 1, ()), ("b", 2, ("--shift-special", "--no-random", "--lang-pos")))]
+    runs = [parse_run(command(data, tmp_path, name, seed, *flags, "--dropout", "0",
+                              "--attention-dropout", "0")).build()
+            for name, seed, flags in (("a", 1, flags_a), ("b", 2, flags_b))]
     references = [Trainer(run.cfg, run.task, copy.deepcopy(run.model), run.criterion) for run in runs]
     group = PackedGroup(runs, torch.device("cpu"), precision="fp32")
     schedules = [epoch_batches(run, 1) for run in runs]
@@ -116,10 +140,14 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
     # the last batch of run a (short) meets a full one of run b: blank filler rows must change nothing
     steps = [0, 1, 2, len(schedules[0]) - 1]
     references[0].begin_epoch(1), references[1].begin_epoch(1)
+    norms = []
     for step in steps:
         losses, counts, batch = group.step([schedule[step] for schedule in schedules])
-        for slot, trainer in enumerate(references):
-            log = trainer.train_step([fairseq_sample(*batch[:4], slot, pad)])
+        for slot, (trainer, run) in enumerate(zip(references, runs)):
+            has_padding = False if run.cfg.task.attend_padding else None
+            with metrics.aggregate(new_root=True) as logged:
+                log = trainer.train_step([fairseq_sample(*batch[:4], slot, pad, has_padding)])
+            norms.append(float(logged.get_smoothed_values()["gnorm"]))
             assert int(counts[slot]) == int(log["sample_size"])
             # fairseq logs the mean loss in base 2, rounded to 3 decimals
             assert float(losses[slot]) / float(counts[slot]) / np.log(2) == pytest.approx(float(log["loss"]), abs=1e-3)
@@ -127,6 +155,7 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
         packed = group.stacked.state_dict(slot)
         for name, value in trainer.model.named_parameters():
             assert torch.allclose(packed[name], value.detach(), atol=2e-6), name
+    return norms
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])

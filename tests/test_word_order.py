@@ -97,6 +97,27 @@ def test_pearson_reproduces_the_papers_correlations():
     assert pearson([0.5, 0.6, 0.7], [0.4, 0.4, 0.4]) is None  # a constant column has no correlation
 
 
+def test_summary_leaves_unmeasured_zero_shot_empty_and_compares_with_the_paper():
+    from fairseq_xmlm.experiments.word_order.report import summarize
+    from fairseq_xmlm.experiments.word_order.runs import PAPER_TABLE4
+
+    taus = {"fr": 0.52, "fr_o": 0.53, "de": 0.53, "hi": 0.41, "tr": 0.43, "ja": 0.40}
+    word_order = {label: {"kendall_tau": tau} for label, tau in taus.items()}
+    alone = summarize("none", word_order)
+    assert set(alone) == {"model", "languages", "pearson", "paper"} and alone["pearson"] is None
+    assert all(entry == {"kendall_tau": taus[label], "zero_shot": None} for label, entry in alone["languages"].items())
+    shared = ["fr", "de", "hi", "tr"]  # fr_o: another version; ja: not in the paper's table
+    assert alone["paper"]["languages"] == shared
+    assert alone["paper"]["pearson_kendall_tau"] == pytest.approx(
+        np.corrcoef([taus[k] for k in shared], [PAPER_TABLE4[k][0] for k in shared])[0, 1])
+    accuracy = {"fr": 0.6, "de": 0.55, "hi": 0.3, "tr": 0.35, "ja": 0.3}
+    measured = summarize("m", word_order, {"accuracy": accuracy, "majority": {}, "checkpoints": ["ck"]})
+    assert measured["languages"]["fr_o"]["zero_shot"] is None and measured["languages"]["hi"]["zero_shot"] == 0.3
+    labels = list(accuracy)
+    expected = np.corrcoef([taus[k] for k in labels], [accuracy[k] for k in labels])[0, 1]
+    assert measured["pearson"] == pytest.approx(expected)
+
+
 TINY_BOOKS = "Micah,Zephaniah,Galatians,1 Thessalonians,Joel,Titus,Jonah,Habakkuk,Jude"
 
 
@@ -117,7 +138,7 @@ def tiny_table4(bible_dir, tmp_path_factory, one_thread):
 
 def test_table4_end_to_end_on_a_tiny_model(tiny_table4):
     table = json.loads((tiny_table4 / "dufter_table4.json").read_text())
-    assert set(table) == {"model", "languages", "pearson"} and isinstance(table["model"], str)
+    assert set(table) == {"model", "languages", "pearson", "paper"} and isinstance(table["model"], str)
     assert list(table["languages"]) == ["fr", "ru", "zh"]
     genre = json.loads((tiny_table4 / "model" / "genre.json").read_text())
     [result] = genre.values()
@@ -139,12 +160,13 @@ def test_table4_end_to_end_on_a_tiny_model(tiny_table4):
     assert (tiny_table4 / "table4.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_table4_from_a_genre_json_reuses_the_measured_word_order(tiny_table4, bible_dir, tmp_path):
+def test_table4_from_a_genre_json_reuses_the_measured_word_order(tiny_table4, tmp_path):
     record = tiny_table4 / "word_order.json"
     before = record.stat().st_mtime_ns
-    out = tiny_table4  # same settings, a subset of the languages: nothing is measured again
-    run_word_order(["--langs", "zh,fr", "--genre-json", str(tiny_table4 / "model" / "genre.json"), "--model", "tiny",
-                    "--books", TINY_BOOKS, "--verses", "60", "--corpus-dir", str(bible_dir), "--out", str(out)])
+    out = tiny_table4  # same settings, a subset of the languages: nothing is measured, no Bible is read again
+    run_word_order(["--langs", "zh,fr", "--zero-shot", str(tiny_table4 / "model" / "genre.json"), "--model", "tiny",
+                    "--books", TINY_BOOKS, "--verses", "60", "--corpus-dir", str(tmp_path / "no-bibles"),
+                    "--out", str(out)])
     assert record.stat().st_mtime_ns == before
     table = json.loads((out / "dufter_table4.json").read_text())
     assert table["model"] == "tiny" and list(table["languages"]) == ["zh", "fr"]
@@ -155,7 +177,8 @@ def test_word_order_alone_with_mapped_fasttext(bible_dir, tmp_path):
                     "--fasttext-epochs", "1", "--mapping", '{"max_iterations": 3, "init_vocab": 500}',
                     "--books", TINY_BOOKS, "--verses", "30", "--corpus-dir", str(bible_dir), "--out", str(tmp_path)])
     table = json.loads((tmp_path / "dufter_table4.json").read_text())
-    assert set(table) == {"model", "languages"} and set(table["languages"]["de"]) == {"kendall_tau"}
+    assert set(table) == {"model", "languages", "pearson", "paper"} and table["pearson"] is None
+    assert table["languages"]["de"]["zero_shot"] is None and table["paper"]["languages"] == ["de"]
     assert 0 <= table["languages"]["de"]["kendall_tau"] <= 1
     assert sorted(path.name.split("-")[0] for path in (tmp_path / "vectors").glob("*.npz")) == ["de", "en"]
 
@@ -172,9 +195,9 @@ def test_bad_input_is_one_error_line(bible_dir, tmp_path, capsys):
     expect_cli_error(capsys, main, ["--langs", "fr", "--genre-json", str(tmp_path / "none.json"), *common],
                      "not found")
     genre = tmp_path / "genre.json"
-    genre.write_text(json.dumps({"ck.pt": {"test": {"en": 50.0, "fr": 40.0}, "majority": {"fr": 30.0}}}))
+    genre.write_text(json.dumps({"ck.pt": {"test": {"en": 50.0, "ru": 40.0}, "majority": {"ru": 30.0}}}))
     expect_cli_error(capsys, main, ["--langs", "fr,de", "--genre-json", str(genre), *common],
-                     "no genre accuracy of de")
+                     "no genre accuracy of fr, de")
     genre.write_text("[1, 2]")
     expect_cli_error(capsys, main, ["--langs", "fr", "--genre-json", str(genre), *common], "not xmlm-genre's JSON")
     assert not (tmp_path / "dufter_table4.json").exists()

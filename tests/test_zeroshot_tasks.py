@@ -15,6 +15,7 @@ import torch
 from conftest import TIMEOUT
 from fairseq_xmlm.data.prepare import moses_tokenize
 from fairseq_xmlm.zeroshot import run, sweep
+from fairseq_xmlm.zeroshot.benchmark import TASKS, Benchmark
 from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
 from fairseq_xmlm.zeroshot.ner import spans
 
@@ -130,10 +131,10 @@ def test_parse_end_to_end(en_fr_checkpoint, task_files, tmp_path):
     assert 0 < result["dev"]["en"] <= 100
 
 
-@pytest.mark.parametrize("kind", run.TASKS)
+@pytest.mark.parametrize("kind", TASKS)
 def test_language_specific_parameters_frozen_for_every_head(kind, en_fr_checkpoint, task_files):
     train, dev, tests = task_files[0][kind]
-    benchmark = run.Benchmark(kind, en_fr_checkpoint, train, dev, tests)
+    benchmark = Benchmark(kind, en_fr_checkpoint, train, dev, tests)
     owned = benchmark.encoder.language_parameters()
     frozen = set(owned[0]) | set(owned[1])
     before = {name: p.detach().clone() for name, p in benchmark.encoder.named_parameters()}

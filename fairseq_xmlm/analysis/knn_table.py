@@ -13,13 +13,23 @@ differ as two real ones would. Otherwise `--langs a,b` names two languages of a 
 occurs in both languages' training data gets the neighbours of the language where its relative frequency is
 higher.
 
+Three or more languages (`--langs en,de,hi`, Dufter & Schuetze's Table 3: "one of the five nearest neighbors ...
+from another language ... In case more than one other language is available we pick one randomly"): every
+language is mapped into the first one's space; a symbol's row holds its K nearest neighbours in each other
+language, languages in order (K (n - 1) columns), so the masker's uniform choice of a column picks a language
+uniformly, then one of its K neighbours. `--vectors verse_ids` replaces the mapped fastText vectors by verse-ID
+vectors of the verse-aligned training items (a symbol's set of verses; similarity the Dice coefficient, Levy et al.
+2017): a cross-lingual signal the paper's unsupervised mapping does not use, for corpora where that mapping finds
+no translations (`neighbour_agreement` measures it against the verse-ID neighbours).
+
 Table format: a `.pt` file of plain tensors, ints and strings (loads with `torch.load(weights_only=True)`):
   neighbours  LongTensor (dict_size, K): row i = ids of symbol i's K nearest neighbours in the other language,
               best first; -1 for symbols without a vector (specials, <mask>, symbols absent from the train data)
   dict_size   size of the task's full dictionary (dict.txt + <mask>; Fake-English: the doubled dictionary, where
               English symbol i has twin i + V)
   dict_md5    `vocabulary.dictionary_fingerprint` of that dictionary
-  k, langs, method ("csls" or "nn")
+  k, langs, method ("csls" or "nn"); several languages: also vectors ("fasttext" or "verse_ids") and
+  k_per_language
 
 The tasks read it with `tasks._shared_dictionary.load_knn_table`.
 """
@@ -27,6 +37,8 @@ import argparse
 import os
 import tempfile
 
+import numpy as np
+import scipy.sparse
 import torch
 
 from fairseq_xmlm.analysis.alignment import iterative_normalize, nearest_neighbours, unsupervised_mapping
@@ -113,6 +125,114 @@ def build_table(data_dir, langs, k, fake_english=False, inv_order=False, dim=300
             "k": k, "langs": list(langs), "method": method}
 
 
+def verse_incidence(sentences, ids):
+    """Sparse (len(ids), verses) 0/1 matrix: which items of `sentences` (verse-aligned) hold each symbol of ids."""
+    rows, cols = [], []
+    for verse, sentence in enumerate(sentences):
+        symbols = torch.unique(sentence)
+        rows.append(symbols)
+        cols.append(torch.full((len(symbols),), verse, dtype=torch.long))
+    rows, cols = torch.cat(rows).numpy(), torch.cat(cols).numpy()
+    row_of = np.full(int(max(rows.max(), ids.max())) + 1, -1)
+    row_of[ids.numpy()] = np.arange(len(ids))
+    keep = row_of[rows] >= 0
+    return scipy.sparse.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (row_of[rows[keep]], cols[keep])),
+                                   shape=(len(ids), len(sentences)))
+
+
+def dice_neighbours(incidence_a, incidence_b, k, chunk_rows=2048):
+    """(rows of a, k) rows of b with the highest Dice coefficient 2 |A ∩ B| / (|A| + |B|) of their verse sets
+    (Levy, Søgaard & Goldberg 2017), best first."""
+    counts_a = np.asarray(incidence_a.sum(axis=1)).ravel()
+    counts_b = np.asarray(incidence_b.sum(axis=1)).ravel()
+    out = []
+    for start in range(0, incidence_a.shape[0], chunk_rows):
+        both = (incidence_a[start:start + chunk_rows] @ incidence_b.T).toarray()
+        dice = 2 * both / (counts_a[start:start + chunk_rows, None] + counts_b[None, :])
+        out.append(torch.from_numpy(dice).topk(k, dim=1).indices)
+    return torch.cat(out)
+
+
+def multilingual_table(languages, dict_size, k, neighbours):
+    """languages: per language (ids, owned) with `owned` a bool mask over ids; neighbours(a, b) -> (owned rows of
+    a, k) row indices into language b's ids. Returns the (dict_size, k (n - 1)) table: row of a symbol owned by
+    language a = its k neighbours in every other language, languages in order (-1 for symbols of no language)."""
+    table = torch.full((dict_size, k * (len(languages) - 1)), -1, dtype=torch.long)
+    for a, (ids_a, owned_a) in enumerate(languages):
+        table[ids_a[owned_a]] = torch.cat([ids_b[neighbours(a, b)] for b, (ids_b, _) in enumerate(languages)
+                                           if b != a], dim=1)
+    return table
+
+
+def mapped_spaces(vectors, seed, **mapping_options):
+    """Every language's normalised vectors mapped into the first one's space by the unsupervised mapping."""
+    first = iterative_normalize(vectors[0], steps=1)
+    spaces = [first]
+    for other in vectors[1:]:
+        wx, _, _ = unsupervised_mapping(other, vectors[0], seed=seed, **mapping_options)
+        spaces.append(iterative_normalize(other, steps=1) @ wx)
+    return spaces
+
+
+def neighbour_agreement(table, reference, k):
+    """Share of symbols (with neighbours in both tables) whose first neighbour in `reference`, in each other
+    language, is among their k neighbours of that language in `table`; both tables with k columns per language."""
+    hits, total = 0, 0
+    for block in range(table.size(1) // k):
+        ours = table[:, block * k:(block + 1) * k]
+        first = reference[:, block * k]
+        rows = (ours[:, 0] >= 0) & (first >= 0)
+        hits += int((ours[rows] == first[rows, None]).any(dim=1).sum())
+        total += int(rows.sum())
+    return hits / max(total, 1)
+
+
+def build_multilingual_table(data_dir, langs, k, vectors="fasttext", dim=300, epochs=20, seed=1, threads=2,
+                             method="csls", csls_k=10, **mapping_options):
+    """The table of three or more languages (module docstring); returns the table dict."""
+    if vectors not in ("fasttext", "verse_ids"):
+        raise XmlmError(f"unknown word vectors {vectors!r} (fasttext or verse_ids)")
+    dictionary = add_mask_symbol(load_data_dictionary(data_dir))
+    symbol_ids = [i for i in range(dictionary.nspecial, len(dictionary)) if dictionary[i] != "<mask>"]
+    sentences = [load_split_sentences(data_dir, "train", lang, dictionary) for lang in langs]
+    owner = relative_frequency_owners(sentences, len(dictionary))
+    if vectors == "verse_ids":
+        if len({len(s) for s in sentences}) != 1:
+            raise XmlmError(f"verse-ID vectors need verse-aligned training items; {data_dir} has "
+                            f"{', '.join(f'{lang} {len(s)}' for lang, s in zip(langs, sentences))}")
+        ids = [torch.unique(torch.cat(s)) for s in sentences]
+        ids = [i[torch.isin(i, torch.tensor(symbol_ids))] for i in ids]
+        incidences = [verse_incidence(s, i) for s, i in zip(sentences, ids)]
+        owned = [owner[i] == n for n, i in enumerate(ids)]
+        log(f"verse IDs: {', '.join(f'{lang} {len(i)} symbols' for lang, i in zip(langs, ids))}, "
+            f"{len(sentences[0])} verses")
+
+        def neighbours(a, b):
+            return dice_neighbours(incidences[a][owned[a].numpy()], incidences[b], k)
+    else:
+        ids, found = [], []
+        with tempfile.TemporaryDirectory(prefix="xmlm-knn-") as tmp:
+            for n, lang in enumerate(langs):
+                log(f"fastText: {lang} skipgram, {dim} dims, {epochs} epochs, {len(sentences[n])} sentences")
+                lang_ids, lang_vectors = language_vectors(sentences[n], dictionary, symbol_ids,
+                                                          os.path.join(tmp, f"{n}.txt"), "", False, dim, epochs,
+                                                          seed + n, threads)
+                ids.append(lang_ids)
+                found.append(lang_vectors)
+        log(f"vecmap: unsupervised mapping of {', '.join(langs[1:])} into {langs[0]} space")
+        spaces = mapped_spaces(found, seed, **mapping_options)
+        owned = [owner[i] == n for n, i in enumerate(ids)]
+
+        def neighbours(a, b):
+            return nearest_neighbours(spaces[a][owned[a]], spaces[b], k, method, csls_k, source_space=spaces[a])
+    if min(len(i) for i in ids) <= k:
+        raise XmlmError(f"too few symbols with vectors ({', '.join(str(len(i)) for i in ids)}) for {k} neighbours")
+    table = multilingual_table(list(zip(ids, owned)), len(dictionary), k, neighbours)
+    return {"neighbours": table, "dict_size": len(dictionary), "dict_md5": dictionary_fingerprint(dictionary),
+            "k": table.size(1), "k_per_language": k, "langs": list(langs), "vectors": vectors,
+            "method": "dice" if vectors == "verse_ids" else method}
+
+
 def save_table(table, out):
     """torch.save through a temporary file next to `out`: no half-written table is ever left."""
     replace_atomically(out, lambda tmp: torch.save(table, tmp))
@@ -127,12 +247,16 @@ def is_fake_english_data(data_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="xmlm-build-knn", description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="data-bin directory written by xmlm-prepare")
-    parser.add_argument("--langs", default="en", help="two languages a,b; Fake-English: the one real language")
+    parser.add_argument("--langs", default="en",
+                        help="two or more languages a,b[,c...]; Fake-English: the one real language")
     parser.add_argument("--k", type=int, default=5, help="neighbours per symbol")
     parser.add_argument("--out", required=True, help="table file (.pt)")
     parser.add_argument("--fake-english", action="store_true",
                         help="English + Fake-English (default when meta.json says task fake_english)")
     parser.add_argument("--inv-order", action="store_true", help="Fake-English sentences reversed")
+    parser.add_argument("--vectors", choices=("fasttext", "verse_ids"), default="fasttext",
+                        help="real languages: mapped fastText (the paper) or verse-ID Dice neighbours (parallel "
+                             "items; one table over all --langs, K per other language)")
     parser.add_argument("--dim", type=int, default=300, help="fastText dimensions")
     parser.add_argument("--epochs", type=int, default=20,
                         help="fastText epochs (5, fastText's default, gives poorly aligned spaces on the Bible)")
@@ -148,16 +272,22 @@ def main(argv=None):
     fake_english = args.fake_english or is_fake_english_data(args.data)
     if fake_english and len(langs) != 1:
         raise XmlmError(f"--fake-english takes one real language in --langs, got {args.langs!r}")
-    if not fake_english and len(langs) != 2:
-        raise XmlmError(f"--langs needs exactly two languages (a,b), got {args.langs!r}")
+    if not fake_english and (len(langs) < 2 or len(set(langs)) != len(langs)):
+        raise XmlmError(f"--langs needs two or more distinct languages (a,b[,c...]), got {args.langs!r}")
     if args.k < 1 or args.dim < 1 or args.epochs < 1:
         raise XmlmError("--k, --dim and --epochs must be positive")
-    table = build_table(args.data, langs, args.k, fake_english, args.inv_order, args.dim, args.epochs, args.seed,
-                        args.threads, args.method, init_vocab=args.init_vocab, vocab_cutoff=args.vocab_cutoff,
-                        patience=args.patience)
+    mapping = dict(init_vocab=args.init_vocab, vocab_cutoff=args.vocab_cutoff, patience=args.patience)
+    if fake_english and args.vectors != "fasttext":
+        raise XmlmError("Fake-English neighbours come from fastText: leave out --vectors")
+    if len(langs) > 2 or args.vectors == "verse_ids":
+        table = build_multilingual_table(args.data, langs, args.k, args.vectors, args.dim, args.epochs, args.seed,
+                                         args.threads, args.method, **mapping)
+    else:
+        table = build_table(args.data, langs, args.k, fake_english, args.inv_order, args.dim, args.epochs,
+                            args.seed, args.threads, args.method, **mapping)
     save_table(table, args.out)
     covered = int((table["neighbours"][:, 0] >= 0).sum())
-    log(f"wrote {args.out}: {covered} of {table['dict_size']} symbols have {args.k} neighbours")
+    log(f"wrote {args.out}: {covered} of {table['dict_size']} symbols have {table['k']} neighbours")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ their anchor conditions:
   separate  one model per language, vocabularies united: only pieces that happen to coincide are shared
             ("Default anchors" removed only by chance);
   prefixed  separate + a language prefix on every piece (`en:▁the`): no symbol is shared ("No anchors").
-`fake-english` prepares Dufter & Schuetze's English data (BBE New Testament sentences; KJV Old Testament dev).
+`fake-english` prepares Dufter & Schuetze's English data (BBE New Testament sentences; KJV Old Testament dev);
+`fake-english-clauses` and `fake-english-indomain` derive from it a data-bin with the training sentences cut into
+clauses, and one with an in-domain (BBE Old Testament) dev set.
 
 Splits are by Bible book, one verse per item; only verses non-empty in every language are kept, so item k of
 `valid.en` and of `valid.fr` is the same verse (its line number is line k of `verses.valid.txt`).
@@ -28,7 +30,7 @@ from fairseq_xmlm.data.codeswitch import code_switch, load_switch_dictionary
 from fairseq_xmlm.data.corpus import read_corpus
 from fairseq_xmlm.data.sentences import split_sentences
 from fairseq_xmlm.errors import XmlmError, cli_errors
-from fairseq_xmlm.io import log
+from fairseq_xmlm.io import log, read_meta
 
 MODES = ("joint", "separate", "prefixed")
 SPLITS = ("train", "valid", "test")
@@ -406,6 +408,106 @@ def prepare_fake_english(bible_dir, out, vocab_size: int = 2048, train_file: str
     return report
 
 
+# Dufter & Schuetze's corpus has 17k sentences of median 12 words where BBE's New Testament has 8,732 of median 25
+# (about the same words). Cut at clause punctuation into units of at least 8 words, BBE's gives 17,486 units of
+# median 12 words (2026-11-29, the 2048-piece data-bin). Moses splits the punctuation off, so each is a piece.
+CLAUSE_ENDS = ("▁,", "▁;", "▁:")
+CLAUSE_MIN_WORDS = 8
+
+
+def clause_units(ids, ends, word_starts, min_words):
+    """One sentence's piece ids -> its clause units: cut after a clause punctuation piece (id in `ends`) once the
+    unit holds `min_words` words (pieces where `word_starts[id]`, i.e. starting with ▁); a shorter tail joins the
+    unit before it."""
+    units, current, words = [], [], 0
+    for piece in ids:
+        current.append(piece)
+        words += bool(word_starts[piece])
+        if piece in ends and words >= min_words:
+            units.append(current)
+            current, words = [], 0
+    if current:
+        if units and words < min_words:
+            units[-1] += current
+        else:
+            units.append(current)
+    return units
+
+
+def write_binarized(out: Path, split: str, sentences, dictionary) -> None:
+    """Piece-id sequences -> out/{split}.en.{bin,idx}, as fairseq-preprocess binarizes a line (eos appended)."""
+    import torch
+    from fairseq.data import indexed_dataset
+
+    prefix = out / f"{split}.en"
+    builder = indexed_dataset.make_builder(f"{prefix}.bin", impl="mmap", vocab_size=len(dictionary))
+    for ids in sentences:
+        builder.add_item(torch.tensor([*map(int, ids), dictionary.eos()], dtype=torch.int32))
+    builder.finalize(f"{prefix}.idx")
+
+
+def derive_fake_english(data, out, splits: dict, sources: dict) -> None:
+    """A copy of the Fake-English data-bin `data` (dictionary, sentencepiece model, the other splits) with `splits`
+    ({split: piece-id sequences}) written anew; meta.json names them in its sources."""
+    from fairseq_xmlm.vocabulary import load_data_dictionary
+
+    data = Path(data)
+    meta = read_meta(data)
+    if meta.get("task") != "fake_english":
+        raise XmlmError(f"{data} is no Fake-English data-bin (its meta.json says task {meta.get('task')!r})")
+    dictionary = load_data_dictionary(data)
+    with OutputDirectory(out) as tmp:
+        for path in data.iterdir():
+            replaced = any(path.name.startswith(f"{split}.") for split in splits)
+            if path.is_file() and not replaced and not path.name.startswith("report."):
+                shutil.copy2(path, tmp / path.name)
+        for split, sentences in splits.items():
+            write_binarized(tmp, split, sentences, dictionary)
+        meta = {**meta, "derived_from": str(data.resolve()), "sources": {**meta.get("sources", {}), **sources}}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def prepare_fake_english_clauses(data, out, min_words: int = CLAUSE_MIN_WORDS) -> int:
+    """`data`'s training sentences cut into clause units (`clause_units`); dictionary and dev set unchanged (so is
+    a knn table built for `data`). Returns the number of units."""
+    import numpy as np
+    from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
+
+    if min_words < 1:
+        raise XmlmError(f"--min-words must be at least 1, got {min_words}")
+    dictionary = load_data_dictionary(data)
+    ends = {dictionary.index(symbol) for symbol in CLAUSE_ENDS} - {dictionary.unk()}
+    word_starts = np.array([dictionary[i].startswith("▁") for i in range(len(dictionary))])
+    units = [unit for ids in load_split_sentences(data, "train", "en", dictionary)
+             for unit in clause_units(ids.tolist(), ends, word_starts, min_words)]
+    log(f"fake-english-clauses: {len(units)} units of at least {min_words} words")
+    derive_fake_english(data, out, {"train": units},
+                        {"train": f"the training sentences of {data} cut into clause units (at , ; :) of >= "
+                                  f"{min_words} words"})
+    return len(units)
+
+
+def prepare_fake_english_indomain(data, bible_dir, out, size: int = 10000, train_file: str = "en.txt") -> int:
+    """`data` with an in-domain dev set: the first `size` Old Testament sentences of the training translation (BBE),
+    held out from the New Testament training text, tokenized and encoded as it was. Beside the KJV dev set it
+    separates the translation's (and the BPE's) domain from the model: the 2048-piece BBE BPE cuts KJV into 1.45
+    pieces a word. Returns the number of dev sentences."""
+    from fairseq_xmlm.vocabulary import load_data_dictionary
+
+    meta = read_meta(data)
+    bible_dir = Path(bible_dir)
+    verse_books = [book for book, _, _ in bible.read_verse_table(bible_dir)]
+    lines = bible_sentences(read_corpus(bible_dir / train_file), verse_books, bible.OLD_TESTAMENT)[:size]
+    if not lines:
+        raise XmlmError(f"{bible_dir / train_file} has no Old Testament sentences")
+    dictionary = load_data_dictionary(data)
+    pieces = encode_pieces(Path(data) / meta["spm"]["en"], moses_tokenize(lines, "en", meta.get("lowercase", False)))
+    sentences = [dictionary.encode_line(line, add_if_not_exist=False, append_eos=False) for line in pieces]
+    derive_fake_english(data, out, {"valid": sentences},
+                        {"valid": f"{train_file}: Old Testament, first {len(lines)} sentences (in-domain dev)"})
+    return len(sentences)
+
+
 # --- command line -----------------------------------------------------------------------------------------------
 @cli_errors
 def main(argv=None):
@@ -440,8 +542,27 @@ def main(argv=None):
     fake.add_argument("--lowercase", action="store_true")
     fake.add_argument("--spm-type", choices=("bpe", "unigram"), default="bpe")
 
+    clauses = commands.add_parser("fake-english-clauses",
+                                  help="a Fake-English data-bin with its training sentences cut into clauses")
+    clauses.add_argument("--data", required=True, help="the fake-english data-bin to cut")
+    clauses.add_argument("--out", required=True)
+    clauses.add_argument("--min-words", type=int, default=CLAUSE_MIN_WORDS,
+                         help="fewest words of a unit (a shorter tail joins the unit before it)")
+
+    indomain = commands.add_parser("fake-english-indomain",
+                                   help="a Fake-English data-bin whose dev set is BBE Old Testament sentences")
+    indomain.add_argument("--data", required=True, help="the fake-english data-bin (its BPE and dictionary)")
+    indomain.add_argument("--bible-dir", required=True, help="directory with en.txt (BBE) and verses.tsv")
+    indomain.add_argument("--out", required=True)
+    indomain.add_argument("--valid-size", type=int, default=10000)
+    indomain.add_argument("--train-file", default="en.txt")
+
     args = parser.parse_args(argv)
-    if args.command == "pair":
+    if args.command == "fake-english-clauses":
+        prepare_fake_english_clauses(args.data, args.out, args.min_words)
+    elif args.command == "fake-english-indomain":
+        prepare_fake_english_indomain(args.data, args.bible_dir, args.out, args.valid_size, args.train_file)
+    elif args.command == "pair":
         prepare_pair(args.corpus_dir, [lang for lang in args.langs.split(",") if lang], args.mode, args.vocab_size,
                      args.out, args.lowercase, args.valid_books, args.test_books, args.train_books,
                      args.codeswitch_dict, args.codeswitch_prob, args.codeswitch_max, args.seed, args.spm_type)

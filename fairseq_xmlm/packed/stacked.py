@@ -178,7 +178,9 @@ class StackedEncoder:
     range. With dtype fp32 the forward pass reads the master weights themselves.
     """
 
-    def __init__(self, models, device, dtype=torch.float32, compile=False):
+    def __init__(self, models, device, dtype=torch.float32, compile=False, attend_padding=None):
+        """`attend_padding`: per model, whether its sentences attend to their batch's padding (fake_english
+        --attend-padding: no attention mask, as `has_padding=False` in the model's forward); default none does."""
         for model in models:
             check_stackable(model)
         # lang-pos models have two weights more (LANG_POS_WEIGHTS); a model without them gets zeros in their place,
@@ -199,6 +201,8 @@ class StackedEncoder:
         self.padding_idx = first.padding_idx
         self.lang_pos = torch.tensor([model.language_embedding is not None for model in models], device=device)
         self.any_lang_pos = bool(self.lang_pos.any())
+        self.attend_padding = torch.tensor(attend_padding or [False] * len(models), device=device)
+        self.any_attend_padding = bool(self.attend_padding.any())
         # compiled, a layer's bias adds, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
         model_shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
@@ -290,7 +294,10 @@ class StackedEncoder:
         (`attention_code`).
         """
         n, b, t = tokens.shape
-        code = attention_code(tokens.ne(self.padding_idx).view(n * b, t))
+        keep = tokens.ne(self.padding_idx)
+        if self.any_attend_padding:  # every key of the sentence's row, padding included
+            keep = keep | self.attend_padding.view(-1, 1, 1)
+        code = attention_code(keep.view(n * b, t))
         x = F.dropout(self.embed(tokens, langs), dropout)
         # the batch's sizes change from one batch to the next: compiled for any size from the first batch on,
         # not first for the first batch's sizes and then again for any (a cold warm-up of 3 BERT-base runs 67.0 ->

@@ -60,8 +60,9 @@ def load_knn_table(path, dictionary, k):
         raise XmlmError(f"knn table not found: {path}")
     try:
         table = torch.load(path, weights_only=True)
-    except Exception as err:
-        raise XmlmError(f"cannot read knn table {path}: {err}")
+    except Exception as err:  # noqa: BLE001 (whatever a damaged file makes torch raise, it is this file's fault)
+        raise XmlmError(f"cannot read knn table {path}: corrupt, truncated or not written by xmlm-build-knn "
+                        f"({type(err).__name__})") from None
     if not isinstance(table, dict) or not isinstance(table.get("neighbours"), torch.Tensor):
         raise XmlmError(f"knn table {path} holds no neighbour table (write it with xmlm-build-knn)")
     if table.get("dict_size") != len(dictionary) or table.get("dict_md5") != dictionary_fingerprint(dictionary):

@@ -10,6 +10,12 @@ subset for that).
 
 Targets are corrupted as fake_english's are, with the same flags (`--replacement-probs`, `--random-replace
 within` for Conneau et al.'s random words of the row's own language, `--no-random`, `--knn-replace`).
+
+Dufter & Schuetze's modifications on real languages (their Section 5.1), as fake_english has them for Fake-English:
+`--lang-pos` (language-specific position and segment embeddings), `--shift-special` (every language after the
+first has its own <s>, </s> and <mask>, appended to the dictionary as `<s>@de`, ...) and `--inv-order-langs de`
+(every sentence of those languages reversed, piece by piece, in training and in every evaluation that reads
+`sentence_input`).
 """
 import json
 import logging
@@ -42,6 +48,11 @@ class BilingualMLMConfig(ReplacementPolicyConfig):
     langs: str = field(default="en,fr", metadata={"help": "comma-separated languages, first = language 0"})
     tokens_per_sample: int = field(default=256, metadata={"help": "tokens per stream, <s> included"})
     lang_sampling_alpha: float = field(default=0.7, metadata={"help": "p(lang) proportional to share ** alpha"})
+    lang_pos: bool = field(default=False, metadata={"help": "language-specific position + segment embeddings"})
+    shift_special: bool = field(
+        default=False, metadata={"help": "every language after the first has its own <s>, </s> and <mask>"})
+    inv_order_langs: str = field(
+        default="", metadata={"help": "comma-separated languages whose sentences are reversed (inv-order)"})
     seed: int = II("common.seed")
 
 
@@ -53,14 +64,25 @@ def language_probabilities(sentence_counts, alpha):
     return weighted / weighted.sum()
 
 
-def cut_streams(sentences, eos, bos, tokens_per_sample):
-    """Concatenate sentences (each closed by </s>) and cut the stream into blocks of `<s>` + tokens_per_sample-1
-    (a last block of a single token is dropped). Built with whole-tensor operations: views of one (blocks, T)
-    tensor, the last block apart."""
+def language_specials(dictionary, langs, shift):
+    """{lang index: (bos, eos, mask)}: the dictionary's own for every language, or under `shift` (shift-special)
+    symbols `<s>@<lang>`, `</s>@<lang>`, `<mask>@<lang>` for every language after the first, appended to
+    `dictionary` (after <mask>, so the data's ids are unchanged)."""
+    own = (dictionary.bos(), dictionary.eos(), dictionary.index("<mask>"))
+    if not shift:
+        return {lang: own for lang in range(len(langs))}
+    return {0: own, **{lang: tuple(dictionary.add_symbol(f"{symbol}@{name}") for symbol in ("<s>", "</s>", "<mask>"))
+                       for lang, name in enumerate(langs) if lang > 0}}
+
+
+def cut_streams(sentences, eos, bos, tokens_per_sample, reverse=False):
+    """Concatenate sentences (each closed by </s>; each reversed first with `reverse`) and cut the stream into
+    blocks of `<s>` + tokens_per_sample-1 (a last block of a single token is dropped). Built with whole-tensor
+    operations: views of one (blocks, T) tensor, the last block apart."""
     body = tokens_per_sample - 1
     if body < 2:  # every block would hold one token or none
         return []
-    flat = join_sentences(sentences, eos)
+    flat = join_sentences([s.flip(0) for s in sentences] if reverse else sentences, eos)
     full = len(flat) // body
     rows = torch.cat([torch.full((full, 1), bos, dtype=torch.long), flat[: full * body].view(full, body)], 1)
     streams = list(rows)
@@ -96,15 +118,21 @@ class LanguageBatches:
 
 @register_task("bilingual_mlm", dataclass=BilingualMLMConfig)
 class BilingualMLMTask(SharedDictionaryTask):
-    lang_pos = False
-
     def __init__(self, cfg, dictionary, langs):
         super().__init__(cfg)
         self.dictionary = dictionary
         self.langs = langs
+        self.lang_pos = cfg.lang_pos
         self.mask_idx = dictionary.index("<mask>")
         self.special_ids = {dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk(), self.mask_idx}
         self.special_ids |= {i for i in range(dictionary.nspecial, len(dictionary)) if dictionary.count[i] == 0}
+        self.specials = language_specials(dictionary, langs, cfg.shift_special)
+        self.special_ids |= {i for ids in self.specials.values() for i in ids}
+        reversed_names = [lang.strip() for lang in cfg.inv_order_langs.split(",") if lang.strip()]
+        unknown = [lang for lang in reversed_names if lang not in langs]
+        if unknown:
+            raise XmlmError(f"--inv-order-langs {','.join(unknown)}: not among --langs {','.join(langs)}")
+        self.reversed_langs = {langs.index(lang) for lang in reversed_names}
         self.replacement = replacement_config(cfg)
         self.replacement_probs = resolve_replacement_probs(self.replacement)
         self._train_sentences = None
@@ -172,14 +200,17 @@ class BilingualMLMTask(SharedDictionaryTask):
         return torch.cat(seen).unique()
 
     def mask_symbol(self, lang):
-        return self.mask_idx
+        return self.specials[lang][2]
 
     def reverses(self, lang):
-        return False
+        return lang in self.reversed_langs
 
     def sentence_input(self, ids, lang):
         ids = torch.as_tensor(ids, dtype=torch.long)[: self.cfg.tokens_per_sample - 2]
-        return torch.cat([ids.new_tensor([self.dictionary.bos()]), ids, ids.new_tensor([self.dictionary.eos()])])
+        if self.reverses(lang):
+            ids = ids.flip(0)
+        bos, eos, _ = self.specials[lang]
+        return torch.cat([ids.new_tensor([bos]), ids, ids.new_tensor([eos])])
 
     def random_candidate_sets(self):
         """Row of the masker's random-candidate table each language draws from."""
@@ -196,6 +227,9 @@ class BilingualMLMTask(SharedDictionaryTask):
             candidates, counts = candidate_table([real_symbol_ids(self.dictionary, exclude=self.special_ids)])
         knn = None
         if self.replacement.knn:
+            if self.cfg.shift_special:
+                raise XmlmError("--knn-replace with --shift-special: the neighbour table is built for the data's "
+                                "dictionary, which shift-special extends")
             knn = load_knn_table(self.cfg.knn_table, self.dictionary, self.replacement.knn)
         return Masker(self.cfg.mask_prob, self.replacement_probs, specials, candidates, counts, knn)
 
@@ -211,7 +245,8 @@ class BilingualMLMTask(SharedDictionaryTask):
         for lang in split_langs:
             sentences = (self.train_sentences()[lang] if base == "train"
                          else load_split_sentences(self.cfg.data, base, self.langs[lang], self.dictionary))
-            streams = cut_streams(sentences, self.dictionary.eos(), self.dictionary.bos(), self.cfg.tokens_per_sample)
+            bos, eos, _ = self.specials[lang]
+            streams = cut_streams(sentences, eos, bos, self.cfg.tokens_per_sample, self.reverses(lang))
             items += [(s, lang) for s in streams]
             sentence_counts.append(len(sentences))
         dataset = MaskedLanguageDataset(

@@ -5,13 +5,18 @@ The doubled dictionary holds English symbols at ids [0, V) and their twins `::w`
 its English token + V. The modifications of the paper are task flags, freely combinable:
 `--lang-pos`, `--shift-special`, `--no-random`, `--inv-order`, `--no-parallel`, `--knn-replace K`. The masking flags
 (`--no-random`, `--knn-replace`, `--replacement-probs`, `--random-replace`) are bilingual_mlm's too
-(`_shared_dictionary.ReplacementPolicyConfig`).
+(`_shared_dictionary.ReplacementPolicyConfig`). Two flags follow the paper's code (github pdufter/minimult) where it
+differs from the paper's text: `--no-random-mask-share .9` (its .9/.1/0 no-random) and `--attend-padding` (its random
+mixed batches without an attention mask).
 """
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from fairseq import metrics
+from fairseq.data import data_utils
 from fairseq.tasks import register_task
 from omegaconf import II
 
@@ -35,12 +40,47 @@ class FakeEnglishConfig(ReplacementPolicyConfig):
     no_parallel: bool = field(
         default=False, metadata={"help": "English from the first half of the corpus, Fake from the second"}
     )
+    no_random_mask_share: float = field(
+        default=0.0, metadata={"help": "with --no-random: the MASK share, KEEP takes the rest (.9: the paper's code, "
+                               ".9/.1/0); 0: RANDOM's share goes to KEEP (.8/.2/0, the paper's text)"})
+    attend_padding: bool = field(
+        default=False, metadata={"help": "as the paper's code: batches drawn at random over both languages and all "
+                                 "lengths, and no attention mask, so every sentence attends to its batch's padding"})
     eval_multilinguality: bool = field(
         default=False, metadata={"help": "compute mu and its parts on dev sentences at every validation"}
     )
     eval_mult_sentences: int = field(default=500, metadata={"help": "dev sentences for --eval-multilinguality"})
     eval_mult_layers: str = field(default="0,8", metadata={"help": "layers for --eval-multilinguality"})
     seed: int = II("common.seed")
+
+
+class RandomMixedBatches(MaskedLanguageDataset):
+    """--attend-padding: the batches of the paper's code (github pdufter/minimult, run_language_modeling.py: a
+    RandomSampler over the English and Fake-English lines, padded, the model called without an attention mask).
+
+    A batch is a fixed run of slots that each epoch maps to a random permutation of all items, so batches mix lengths
+    and languages and change every epoch, and the model attends to the padding (`has_padding` False drops the mask).
+    Padding reads the pad embedding plus its position's: the same in both languages, unless lang-pos gives
+    Fake-English positions of its own.
+    """
+
+    def ordered_indices(self):
+        return np.arange(len(self))
+
+    def item_of_slot(self):
+        if not self.shuffle:
+            return None
+        epoch = self.epoch
+        if self._slot_items[0] != epoch:
+            with data_utils.numpy_seed(self.seed, epoch):
+                self._slot_items = (epoch, np.random.permutation(len(self)))
+        return self._slot_items[1]
+
+    def collater(self, samples):
+        batch = super().collater(samples)
+        if batch:
+            batch["net_input"]["has_padding"] = False
+        return batch
 
 
 @register_task("fake_english", dataclass=FakeEnglishConfig)
@@ -58,7 +98,8 @@ class FakeEnglishTask(SharedDictionaryTask):
         english_specials = [english.bos(), english.pad(), english.eos(), english.unk(), self.mask_idx]
         english_specials += [i for i in range(english.nspecial, v) if english.count[i] == 0]  # madeupword fillers
         self.special_ids = set(english_specials) | {i + v for i in english_specials}
-        self.replacement = replacement_config(cfg)
+        self.replacement = dataclasses.replace(replacement_config(cfg),
+                                               no_random_mask_share=cfg.no_random_mask_share)
         self.replacement_probs = resolve_replacement_probs(self.replacement)
         # read per sentence: plain attributes, not omegaconf lookups (1 s per 17k sentences)
         self.max_sentence_tokens, self.inv_order, self.shift_special = cfg.tokens_per_sample, cfg.inv_order, \
@@ -133,7 +174,8 @@ class FakeEnglishTask(SharedDictionaryTask):
         mask_ids = [self.mask_symbol(0), self.mask_symbol(1)]
         # dev targets are replaced by the mask only, as in xmlm-eval-mult's perplexity: the dev perplexity curves of
         # settings with other corruptions (knn-replace, no-random) then measure the same thing as Table 1's column
-        self.datasets[split] = MaskedLanguageDataset(
+        dataset = RandomMixedBatches if self.cfg.attend_padding else MaskedLanguageDataset
+        self.datasets[split] = dataset(
             items, self.dictionary.pad(), self.build_masker(mask_only=split != "train"), mask_ids,
             self.random_candidate_sets(), seed=self.cfg.seed, shuffle=split == "train",
         )

@@ -97,8 +97,8 @@ class ZeroshotSentenceClassificationTask(SharedDictionaryTask):
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         from fairseq_xmlm.zeroshot.finetune import language_index
-        from fairseq_xmlm.zeroshot.readers import NLI_LABELS
-        from fairseq_xmlm.zeroshot.run import pair_input, read_nli
+        from fairseq_xmlm.zeroshot.inputs import pair_input
+        from fairseq_xmlm.zeroshot.readers import NLI_LABELS, read_nli
 
         base, _, lang = split.partition("_")
         lang = lang or self.cfg.source_lang

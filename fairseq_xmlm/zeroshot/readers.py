@@ -1,7 +1,8 @@
 """Readers for the three zero-shot evaluation formats: XNLI TSV, CoNLL / WikiAnn BIO, CoNLL-U (UD v2).
 
 Every reader returns plain Python records and raises `XmlmError("FILE:LINE: problem")` on a malformed line, so a
-broken download is reported where it is broken instead of surfacing later as a shape error.
+broken download is reported where it is broken instead of surfacing later as a shape error. `READERS` maps each
+zero-shot task to its file reader for one language (XNLI rows filtered by language, WikiAnn's word prefix dropped).
 """
 import dataclasses
 import re
@@ -191,3 +192,27 @@ def read_conllu(path):
     if not sentences:
         raise XmlmError(f"{path}: no sentences")
     return sentences
+
+
+def read_nli(path, lang):
+    """XNLI rows of `lang`: a file with a language column is filtered, one without is taken whole."""
+    examples = read_xnli_tsv(path)
+    if any(example.language is not None for example in examples):
+        examples = read_xnli_tsv(path, language=lang)
+    return examples
+
+
+def read_tagged(path, lang):
+    """BIO sentences; WikiAnn's `<lang>:` word prefix is stripped when every word carries it."""
+    sentences = read_bio(path)
+    if all(word.startswith(f"{lang}:") for sentence in sentences for word in sentence.words):
+        sentences = read_bio(path, token_prefix=f"{lang}:")
+    return sentences
+
+
+def read_dependencies(path, lang):
+    """CoNLL-U sentences (the file's language needs no filter; `lang` keeps the readers' common signature)."""
+    return read_conllu(path)
+
+
+READERS = {"xnli": read_nli, "ner": read_tagged, "parse": read_dependencies}

@@ -5,13 +5,13 @@ average of the best two settings.
     python -m fairseq_xmlm.zeroshot.sweep --task ner --checkpoint A.pt --train-file en/train --dev-file en/dev \
         --test-file fr=fr/test --out results/ner_sweep.md
 
-Runs a benchmark (`--task genre`, the default: the Bible genre benchmark; `xnli`, `ner`, `parse`: the task
-files, see fairseq_xmlm.zeroshot.run) once per grid setting (`--grid xnli`: batch {4, 8} x encoder lr {1.25e-6, 2.5e-6,
-5e-6} x head lr {5e-6, 2.5e-5, 1.25e-4}, constant lr; `--grid ner`: batch {16, 32} x lr {2e-5, 3e-5, 5e-5} for
-encoder and head, 10 % warm-up then linear decay; the default grid of xnli is xnli, of ner / parse ner) and
-writes every run plus the selected average. The task files are read and encoded once for the whole grid.
-Fine-tuning runs on the GPU when there is one (`--device`); an epoch is `--epoch-size` examples or one pass,
-whichever is smaller (the paper's XNLI: 200 epochs of 20,000 examples; NER / parsing: 10 passes).
+Runs a benchmark (`--task genre`, the default: the Bible genre benchmark; `xnli`, `ner`, `parse`: the task files,
+see fairseq_xmlm.zeroshot.benchmark) once per grid setting (`--grid xnli`: batch {4, 8} x encoder lr {1.25e-6,
+2.5e-6, 5e-6} x head lr {5e-6, 2.5e-5, 1.25e-4}, constant lr; `--grid ner`: batch {16, 32} x lr {2e-5, 3e-5, 5e-5}
+for encoder and head, 10 % warm-up then linear decay; the default grid of xnli is xnli, of ner / parse ner) and
+writes every run plus the selected average. The task files are read and encoded once for the whole grid. Fine-tuning
+runs on the GPU when there is one (`--device`); an epoch is `--epoch-size` examples or one pass, whichever is
+smaller (the paper's XNLI: 200 epochs of 20,000 examples; NER / parsing: 10 passes).
 """
 import argparse
 import itertools
@@ -67,7 +67,7 @@ def genre_evaluator(checkpoint, langs, max_train=None, source="en", data=None, d
 
 
 def task_evaluator(benchmark):
-    """Primary metric (XNLI accuracy, NER F1, LAS) of a fairseq_xmlm.zeroshot.run.Benchmark."""
+    """Primary metric (XNLI accuracy, NER F1, LAS) of a fairseq_xmlm.zeroshot.benchmark.Benchmark."""
 
     def evaluate(config):
         result = benchmark.run(config)
@@ -93,11 +93,11 @@ def sweep_table(title, runs, selected, averages, source="en"):
 
 @cli_errors
 def main(argv=None):
-    from fairseq_xmlm.zeroshot import run
+    from fairseq_xmlm.zeroshot import benchmark
     from fairseq_xmlm.zeroshot.finetune import default_device
 
     parser = argparse.ArgumentParser(description="Fine-tuning grid; average of the best two settings on English dev.")
-    parser.add_argument("--task", choices=("genre", *run.TASKS), default="genre")
+    parser.add_argument("--task", choices=("genre", *benchmark.TASKS), default="genre")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--langs", help="genre: comma-separated target languages")
     parser.add_argument("--train-file", help="xnli / ner / parse: English training file")
@@ -123,10 +123,10 @@ def main(argv=None):
     else:
         if not args.train_file or not args.dev_file:
             raise XmlmError(f"--task {args.task} needs --train-file and --dev-file")
-        evaluate = task_evaluator(run.benchmark_from_args(args.task, args))
+        evaluate = task_evaluator(benchmark.benchmark_from_args(args.task, args))
         grid = args.grid or ("xnli" if args.task == "xnli" else "ner")
-        title = f"{args.task} sweep ({run.PRIMARY_METRIC[args.task]}): {args.checkpoint}"
-    epoch_size = args.epoch_size or run.DEFAULT_CONFIG.get(args.task, {}).get("epoch_size")
+        title = f"{args.task} sweep ({benchmark.PRIMARY_METRIC[args.task]}): {args.checkpoint}"
+    epoch_size = args.epoch_size or benchmark.DEFAULT_CONFIG.get(args.task, {}).get("epoch_size")
     runs, selected, averages = run_sweep(evaluate, grid, args.epochs, args.seed, epoch_size)
     table = sweep_table(title, runs, selected, averages, args.source)
     write_json(Path(args.out).with_suffix(".json"), {"task": args.task, "grid": grid, "runs": runs,

@@ -4,6 +4,8 @@
   cosine of mean-pooled states (both directions averaged), at every layer (0 = embeddings);
 - retrieval_aligned: the same after a Procrustes map of each layer learned on `ALIGN_VERSES` training verses
   (section 5 of the paper: similar but not shared spaces are still aligned by a linear map);
+- cka, cka_random_encoder: linear CKA per layer of the pooled parallel verses (training sample + test), and the
+  same with the other language encoded by a randomly initialised model of the row's architecture (Figure 7);
 - translation: word translation P@1 per layer, Procrustes learned on the dictionary's training pairs, CSLS
   retrieval of its test pairs (Conneau et al. 2020, section 5.1);
 - alignment: contextual word alignment accuracy per layer (share of dictionary-linked words aligned to their
@@ -40,20 +42,53 @@ def retrieval_by_layer(model, task, split="test", device=None):
     return {str(layer): float(value) for layer, value in retrieval.items()}
 
 
-def aligned_retrieval_by_layer(model, task, train_verses=ALIGN_VERSES):
-    """{layer (str): P@1} on the test verses after Procrustes learned on the first training verses, both ways."""
-    from fairseq_xmlm.analysis.sentence_retrieval import pooled_layers, sentence_retrieval
+def pooled_parallel(model, task, train_verses=ALIGN_VERSES, langs=(0, 1)):
+    """Per language of `langs`, per layer: mean-pooled vectors of the first `train_verses` training verses followed
+    by every test verse; and how many training verses lead."""
+    from fairseq_xmlm.analysis.sentence_retrieval import pooled_layers
     from fairseq_xmlm.evaluation.scores import parallel_sentences
 
     train = parallel_sentences(task, "train", train_verses)
     test = parallel_sentences(task, "test")
-    sides = [[torch.cat([a, b]) for a, b in zip(pooled_layers(model, task, lang, train[lang]),
-                                                 pooled_layers(model, task, lang, test[lang]))] for lang in (0, 1)]
+    sides = [[torch.cat([a, b]).float() for a, b in zip(pooled_layers(model, task, lang, train[lang]),
+                                                         pooled_layers(model, task, lang, test[lang]))]
+             for lang in langs]
+    return sides, len(train[0])
+
+
+def aligned_retrieval_by_layer(sides, n_train):
+    """{layer (str): P@1} on the test verses after Procrustes learned on the leading training verses, both ways."""
+    from fairseq_xmlm.analysis.sentence_retrieval import sentence_retrieval
+
     scores = {}
     for layer, (a, b) in enumerate(zip(*sides)):
-        both = sentence_retrieval(a.float(), b.float(), len(train[0]))
+        both = sentence_retrieval(a, b, n_train)
         scores[str(layer)] = (both["a_to_b"] + both["b_to_a"]) / 2
     return scores
+
+
+def cka_by_layer(first, second):
+    """{layer (str): linear CKA} of the two languages' pooled parallel verses (Conneau et al. 2020, section 5.2,
+    Figure 7: X, Y the mean-pooled representations of n parallel sentences at layer l)."""
+    from fairseq_xmlm.analysis.cka import linear_cka
+
+    return {str(layer): linear_cka(a, b) for layer, (a, b) in enumerate(zip(first, second))}
+
+
+def random_encoder(task, cfg, device, seed=0):
+    """The row's architecture freshly initialised: Figure 7's lower bound encodes the non-English side with it."""
+    torch.manual_seed(seed)
+    return task.build_model(cfg.model).to(device).eval()
+
+
+def section5_scores(model, task, cfg, device):
+    """Aligned retrieval, CKA per layer, and CKA against a random encoder of the other language (the lower bound)."""
+    sides, n_train = pooled_parallel(model, task)
+    untrained = random_encoder(task, cfg, device)
+    (random_side,), _ = pooled_parallel(untrained, task, langs=(1,))
+    del untrained
+    return {"retrieval_aligned": aligned_retrieval_by_layer(sides, n_train), "cka": cka_by_layer(*sides),
+            "cka_random_encoder": cka_by_layer(sides[0], random_side)}
 
 
 def validation_curve(train_log):
@@ -110,11 +145,11 @@ def evaluate_run(checkpoint, dictionary=None, genre=True, genre_options=None, de
     if not checkpoint.is_file():
         raise XmlmError(f"{checkpoint} does not exist: has the run trained?")
     device = device or default_device()
-    model, task, _ = load_checkpoint(checkpoint, device)
+    model, task, cfg = load_checkpoint(checkpoint, device)
     langs = list(task.langs)
     result = {"checkpoint": str(checkpoint), "langs": langs, "ppl_en": best_validation_perplexity(checkpoint),
               "retrieval": retrieval_by_layer(model, task, device=device),
-              "retrieval_aligned": aligned_retrieval_by_layer(model, task),
+              **section5_scores(model, task, cfg, device),
               "language_parameters": {str(k): len(v) for k, v in model.language_parameters().items()}}
     log(f"conneau: {checkpoint}: retrieval by layer {result['retrieval']}")
     if dictionary is not None:

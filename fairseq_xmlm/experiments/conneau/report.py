@@ -14,7 +14,8 @@ from fairseq_xmlm.io import write_atomic, write_json
 from fairseq_xmlm.plotting import pyplot, save_png
 
 
-METRICS_BY_LAYER = ("retrieval", "retrieval_aligned", "translation", "alignment")
+METRICS_BY_LAYER = ("retrieval", "retrieval_aligned", "translation", "alignment", "cka", "cka_random_encoder")
+LOWER_BOUNDS = {"cka": "cka_random_encoder"}  # drawn dashed in the panel of their metric
 
 
 def load_results(results_root):
@@ -29,6 +30,17 @@ def load_results(results_root):
         if row in SETTINGS:
             found.setdefault(pair, {}).setdefault(row, {})[int(path.stem[len("seed"):])] = result
     return found
+
+
+def of_seeds(found, seeds):
+    """`found` (as load_results gives it) restricted to `seeds`, without the pairs and rows left empty."""
+    kept = {}
+    for pair, rows in found.items():
+        for row, by_seed in rows.items():
+            chosen = {seed: result for seed, result in by_seed.items() if seed in seeds}
+            if chosen:
+                kept.setdefault(pair, {})[row] = chosen
+    return kept
 
 
 def _std(values):
@@ -66,9 +78,10 @@ def summarize_row(by_seed):
     return entry
 
 
-def summarize(found, preset, updates, seeds):
-    """The document committed as docs/results/conneau_table1.json."""
-    return {"preset": preset, "updates": updates, "seeds": list(seeds),
+def summarize(found, preset, updates):
+    """The document committed as docs/results/conneau_table1.json; "seeds" lists the seeds that have results."""
+    seeds = sorted({seed for rows in found.values() for by_seed in rows.values() for seed in by_seed})
+    return {"preset": preset, "updates": updates, "seeds": seeds,
             "pairs": {pair: {row: summarize_row(by_seed) for row, by_seed in rows.items()}
                       for pair, rows in sorted(found.items())}}
 
@@ -190,17 +203,22 @@ def compare_curves(roots, path, pair="en-fr", row="default"):
 
 
 def plot_layers(summary, path, row="default"):
-    """Section 5 of the paper on the trained Default models: each metric per layer, one line per pair."""
+    """Section 5 of the paper on the trained Default models: each metric per layer, one line per pair; CKA with
+    its random-encoder lower bound dashed (Figure 7)."""
     plt = pyplot()
-    metrics = [m for m in METRICS_BY_LAYER
-               if any(f"{m}_by_layer" in rows.get(row, {}) for rows in summary["pairs"].values())]
+    metrics = [m for m in METRICS_BY_LAYER if m not in LOWER_BOUNDS.values()
+               and any(f"{m}_by_layer" in rows.get(row, {}) for rows in summary["pairs"].values())]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.8), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
         for pair, rows in summary["pairs"].items():
             by_layer = rows.get(row, {}).get(f"{metric}_by_layer")
             if by_layer:
                 layers = sorted(by_layer, key=int)
-                axis.plot([int(k) for k in layers], [by_layer[k] for k in layers], marker="o", label=pair)
+                line, = axis.plot([int(k) for k in layers], [by_layer[k] for k in layers], marker="o", label=pair)
+                bound = rows[row].get(f"{LOWER_BOUNDS.get(metric)}_by_layer")
+                if bound:
+                    axis.plot([int(k) for k in layers], [bound[k] for k in layers], ls="--",
+                              color=line.get_color(), label=f"{pair} random encoder")
         axis.set(xlabel="layer (0 = embeddings)", title=metric)
         _legend(axis)
     fig.suptitle(f"{SETTINGS[row].label} models: cross-lingual similarity per layer")
@@ -209,10 +227,11 @@ def plot_layers(summary, path, row="default"):
 
 def write_report(results_root, out_dir, preset, updates, seeds):
     """table1.md, conneau_table1.json, figure3.png, curves.png and layers.png in out_dir; returns the summary."""
-    found = load_results(results_root)
+    found = of_seeds(load_results(results_root), seeds)
     if not found:
-        raise XmlmError(f"no results under {results_root}: run the recipe first")
-    summary = summarize(found, preset, updates, seeds)
+        raise XmlmError(f"no results of seeds {', '.join(map(str, seeds))} under {results_root}: run the recipe "
+                        f"first")
+    summary = summarize(found, preset, updates)
     out_dir = Path(out_dir)
     write_json(out_dir / "conneau_table1.json", summary)
     write_atomic(out_dir / "table1.md", table_markdown(summary))

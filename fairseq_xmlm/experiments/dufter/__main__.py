@@ -1,12 +1,16 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
     python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N] [--ids 0,1,...] [--dry-run]
-        [--gpu-pack] [--report|--status]
+        [--schedule batch128|clauses|epochs200|2026-11-28] [--clip-norm X] [--indomain-dev]
+        [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
+    python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N]   (causes.py)
+    python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
 
 For every run ID (runs.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
 into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
-Then results/dufter/table1.md, table2.md and the figures (PNG) are written from whatever results exist (--report
-writes only them).
+Then table1.md, table2.md, dufter_table1.json and the figures (PNG) are written from whatever results exist
+(--report writes only them). The results live in results/dufter/SCHEDULE/ (the 2026-11-28 schedule's in
+results/dufter/ itself): the default schedule follows the paper's number of updates (runs.SCHEDULES).
 With --gpu-pack every pending run is trained at once as stacked models (sweep.py), side by side on the GPU or
 GPUs, each run evaluated as soon as its group has trained: the whole of Tables 1 and 2 in one command. SIGTERM
 suspends the packed groups (they save their state) and the same command resumes them.
@@ -14,11 +18,13 @@ suspends the packed groups (they save their state) and the same command resumes 
 import argparse
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
-from fairseq_xmlm.experiments.dufter import recipe, report, sweep
-from fairseq_xmlm.experiments.dufter.runs import PRESETS, RUNS, SEEDS, TABLE1_IDS, TABLE2_IDS
+from fairseq_xmlm.experiments.dufter import causes, recipe, report, stock, sweep
+from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS,
+                                                  TABLE1_IDS, TABLE2_IDS)
 
 
 def parse_args(argv):
@@ -28,7 +34,15 @@ def parse_args(argv):
     parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
     parser.add_argument("--ids", help="comma-separated run IDs (default: every ID of Tables 1 and 2)")
     parser.add_argument("--data", default=str(recipe.REPO / "data-bin" / "fake_english"))
-    parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter"))
+    parser.add_argument("--results", help="default: results/dufter/SCHEDULE (results/dufter for 2026-11-28)")
+    parser.add_argument("--schedule", choices=list(SCHEDULES), default=DEFAULT_SCHEDULE,
+                        help="how long each run trains: " + "; ".join(f"{name}: {spec.description}"
+                                                                      for name, spec in SCHEDULES.items()))
+    parser.add_argument("--clip-norm", type=float, default=0.0,
+                        help="fairseq-train's --clip-norm for every trained run (the paper's code: 1.0; 0: none)")
+    parser.add_argument("--indomain-dev", action="store_true",
+                        help="also evaluate each run on in-domain dev sentences (BBE Old Testament, DATA_indomain): "
+                             "eval_indomain.json beside eval.json")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--status", action="store_true",
                         help="print how many seeds of each run ID are evaluated, trained, started or pending; "
@@ -40,8 +54,11 @@ def parse_args(argv):
                         help="extra fairseq-train options, e.g. '--fp16 --optimizer xmlm_adamw --num-workers 2'")
     parser.add_argument("--gpu-pack", action="store_true",
                         help="train the runs as stacked models, one process per group, taking turns on each GPU "
-                             "as CUDA graphs (fairseq_xmlm.packed, bf16), each run evaluated once trained; "
+                             "as CUDA graphs (fairseq_xmlm.packed, --pack-precision), each run evaluated once trained; "
                              "SIGTERM suspends the groups, a rerun resumes them; --train-args do not apply")
+    parser.add_argument("--pack-precision", choices=("bf16", "fp32"), default="bf16",
+                        help="--gpu-pack: the stacked models' products (bf16 with fp32 master weights, or fp32 as "
+                             "the paper's code trains)")
     parser.add_argument("--pack-slots", type=int, default=0,
                         help="--gpu-pack: processes (groups, evaluations, untrained runs) at a time (0: CPU cores / 2)")
     parser.add_argument("--pack-max-group", type=int, default=40, help="--gpu-pack: most runs stacked in one model")
@@ -57,29 +74,46 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def results_dir(schedule):
+    results = recipe.REPO / "results" / "dufter"
+    return results if schedule == LEGACY_SCHEDULE else results / schedule
+
+
 @cli_errors
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["causes"]:
+        return causes.main(argv[1:])
+    if argv[:1] == ["export-stock"]:
+        return stock.main(argv[1:])
     args = parse_args(argv)
-    preset = PRESETS[args.preset]
+    preset = recipe.scheduled(PRESETS[args.preset], args.schedule)
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
     unknown = [run_id for run_id in ids if run_id not in RUNS]
     if unknown:
         raise XmlmError(f"unknown run IDs {unknown}; known: {', '.join(RUNS)}")
     seeds = SEEDS[: args.seeds or preset["seeds"]]
-    data, results = Path(args.data), Path(args.results)
+    if args.clip_norm < 0:
+        raise XmlmError(f"--clip-norm must be >= 0, got {args.clip_norm}")
+    base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
     runs_dir = results / "runs"
+    setting = f"{args.schedule}: {SCHEDULES[args.schedule].description}" + (
+        f"; --clip-norm {args.clip_norm:g}" if args.clip_norm else "") + (
+        f"; packed, {args.pack_precision}" if args.gpu_pack else "")
     if args.status:
         recipe.print_status(runs_dir, ids, seeds)
         return
     if args.report:
-        report.write_report(runs_dir, results, data, ids)
+        report.write_report(runs_dir, results, base_data, ids, setting)
         return
     if args.gpu_pack and not args.dry_run and not recipe.has_cuda():  # bf16 stacked models on a CPU: hours per run
         raise XmlmError("--gpu-pack trains on a GPU and none is visible here; without --gpu-pack each run is a "
                         "fairseq-train on the CPU")
     if args.gpu_pack and args.train_args:
         raise XmlmError("--train-args apply to fairseq-train runs, not to --gpu-pack")
-    recipe.ensure_data(data, args.dry_run)
+    recipe.ensure_data(base_data, args.dry_run)
+    data = recipe.schedule_data(base_data, args.schedule, args.dry_run)
+    train_args = shlex.split(args.train_args) + (["--clip-norm", str(args.clip_norm)] if args.clip_norm else [])
     knn_table = results / "knn_table.pt"
     if any(RUNS[run_id].needs_knn for run_id in ids):
         recipe.ensure_knn_table(data, knn_table, args.dry_run)
@@ -88,14 +122,17 @@ def main(argv=None):
                    if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
         slots = args.pack_slots or max(1, (os.cpu_count() or 2) // 2)
         sweep.run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, args.pack_max_group,
-                             args.dry_run, False if args.pack_eager else None, args.pack_lockstep, args.pack_eval_cpu)
+                             args.dry_run, False if args.pack_eager else None, args.pack_lockstep, args.pack_eval_cpu,
+                             args.pack_precision, lambda run_id: train_args)
     else:
         for run_id in ids:
             for seed in seeds:
-                recipe.run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run,
-                               shlex.split(args.train_args))
+                recipe.run_one(run_id, seed, data, runs_dir, preset, knn_table, args.dry_run, train_args)
+    if args.indomain_dev:
+        recipe.evaluate_indomain([(run_id, seed) for run_id in ids for seed in seeds], runs_dir,
+                                 recipe.indomain_data(base_data, args.dry_run), preset, args.dry_run)
     if not args.dry_run:
-        report.write_report(runs_dir, results, data, ids)
+        report.write_report(runs_dir, results, base_data, ids, setting)
 
 
 if __name__ == "__main__":

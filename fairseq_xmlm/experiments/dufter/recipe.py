@@ -11,11 +11,12 @@ import shutil
 from pathlib import Path
 
 from fairseq_xmlm.experiments.commands import python_module, run_command
-from fairseq_xmlm.experiments.dufter.runs import BATCH_SIZE, CURVE_IDS, KNN_NEIGHBOURS, RUNS
+from fairseq_xmlm.experiments.dufter.runs import BATCH_SIZE, CURVE_IDS, KNN_NEIGHBOURS, RUNS, SCHEDULES
 from fairseq_xmlm.io import log
 
 PACKAGE = Path(__file__).resolve().parents[2]  # fairseq_xmlm/, the --user-dir of every training
 REPO = PACKAGE.parent  # the default home of data/, data-bin/ and results/ (an editable install)
+BIBLE = REPO / "data" / "bible_dufter"
 
 
 def has_cuda():
@@ -28,10 +29,36 @@ def ensure_data(data, dry_run):
     """The BBE and KJV Bibles fetched and Dufter's Fake-English data-bin prepared, unless `data` has a dictionary."""
     if (data / "dict.txt").exists():
         return
-    bible = REPO / "data" / "bible_dufter"
-    run_command([*python_module("fairseq_xmlm.data.bible"), "--versions", "en:3,en_kjv:k", "--out", bible], dry_run)
-    run_command([*python_module("fairseq_xmlm.data.prepare"), "fake-english", "--bible-dir", bible, "--out", data],
+    run_command([*python_module("fairseq_xmlm.data.bible"), "--versions", "en:3,en_kjv:k", "--out", BIBLE], dry_run)
+    run_command([*python_module("fairseq_xmlm.data.prepare"), "fake-english", "--bible-dir", BIBLE, "--out", data],
                 dry_run)
+
+
+def scheduled(preset, schedule):
+    """The preset with the schedule's batch size (unless the preset sets its own) and epochs (times its own)."""
+    spec = SCHEDULES[schedule]
+    return {**preset, "batch_size": preset.get("batch_size", spec.batch_size),
+            "epochs": preset["epochs"] * spec.epoch_factor}
+
+
+def schedule_data(data, schedule, dry_run):
+    """The data-bin a schedule trains on: `data` itself, or under "clauses" DATA_clauses cut from it (made here)."""
+    if not SCHEDULES[schedule].clauses:
+        return data
+    clauses = data.with_name(data.name + "_clauses")
+    if not (clauses / "dict.txt").exists():
+        run_command([*python_module("fairseq_xmlm.data.prepare"), "fake-english-clauses", "--data", data,
+                     "--out", clauses], dry_run)
+    return clauses
+
+
+def indomain_data(data, dry_run, bible=BIBLE):
+    """DATA_indomain: `data` with the in-domain dev set (BBE Old Testament sentences) instead of KJV (made here)."""
+    indomain = data.with_name(data.name + "_indomain")
+    if not (indomain / "dict.txt").exists():
+        run_command([*python_module("fairseq_xmlm.data.prepare"), "fake-english-indomain", "--data", data,
+                     "--bible-dir", bible, "--out", indomain], dry_run)
+    return indomain
 
 
 def ensure_knn_table(data, knn_table, dry_run):
@@ -81,6 +108,8 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
         command += ["--knn-replace", KNN_NEIGHBOURS, "--knn-table", knn_table]
     if run_id in CURVE_IDS and not spec.untrained:
         command += ["--eval-multilinguality", "--validate-interval-updates", preset["validate_every"]]
+    if preset.get("max_update"):  # the tiny presets: a few updates of the whole schedule
+        command += ["--max-update", preset["max_update"]]
     if preset.get("valid_steps"):  # the dev loss on a few batches, not all 10k sentences, at every validation
         command += ["--max-valid-steps", preset["valid_steps"]]
     if os.environ.get("XMLM_CPU", "") == "1" or not has_cuda():
@@ -93,9 +122,9 @@ def checkpoint_of(run_id, run_dir):
     return run_dir / "checkpoints" / name
 
 
-def evaluate_command(run_id, run_dir, data, preset, on_cpu=False):
+def evaluate_command(run_id, run_dir, data, preset, on_cpu=False, name="eval.json"):
     command = [*python_module("fairseq_xmlm.evaluation.eval_mult"), checkpoint_of(run_id, run_dir), "--data", data,
-               "--json", run_dir / "eval.json"]
+               "--json", run_dir / name]
     if preset["eval_sentences"]:
         command += ["--max-sentences", preset["eval_sentences"]]
     if preset["eval_train_sentences"]:
@@ -105,6 +134,28 @@ def evaluate_command(run_id, run_dir, data, preset, on_cpu=False):
     # TF32 products: half the GPU time of a BERT-base evaluation, which slows the training team beside it while it
     # runs; the metrics moved by 1e-5 or less (eval_mult --tf32)
     return command + (["--tf32"] if has_cuda() else [])
+
+
+def evaluate_indomain(pending, runs_dir, data, preset, dry_run):
+    """Each (run ID, seed) of `pending` that has a checkpoint evaluated on `indomain_data`'s dev set into
+    eval_indomain.json, unless that exists: on a GPU several at a time (`packed.processes.run_jobs`, logs in
+    RUNS_DIR/../logs/indomain/), else one after another."""
+    commands = []
+    for run_id, seed in pending:
+        run_dir = runs_dir / run_id / f"seed{seed}"
+        if (run_dir / "eval_indomain.json").exists() or not (dry_run or checkpoint_of(run_id, run_dir).exists()):
+            continue
+        commands.append(evaluate_command(run_id, run_dir, data, preset, name="eval_indomain.json"))
+    if dry_run or not has_cuda():
+        for command in commands:
+            run_command(command, dry_run)
+        return
+    from fairseq_xmlm.packed.processes import Job, run_jobs
+
+    for command in commands:
+        log("+ " + " ".join(map(str, command)))
+    run_jobs([Job(list(map(str, command))) for command in commands], max(1, (os.cpu_count() or 2) // 2),
+             runs_dir.parent / "logs" / "indomain")
 
 
 def small_model(command):

@@ -13,7 +13,7 @@ from pathlib import Path
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.dufter.runs import (COLUMNS, CURVE_IDS, PAPER_TABLE1, PAPER_TABLE2, RUNS, TABLE1_IDS,
                                                   TABLE2_IDS)
-from fairseq_xmlm.io import log, write_atomic
+from fairseq_xmlm.io import log, write_atomic, write_json
 
 
 def result_columns(result, layers=("0", "8")):
@@ -99,10 +99,10 @@ def markdown_table(ids, summaries, paper, title):
     return "\n".join(lines) + "\n"
 
 
-def load_run_results(runs_dir):
-    """runs_dir/<ID>/seed<k>/eval.json -> {ID: [result, ...]} (IDs without results are absent)."""
+def load_run_results(runs_dir, name="eval.json"):
+    """runs_dir/<ID>/seed<k>/eval.json (or `name`) -> {ID: [result, ...]} (IDs without results are absent)."""
     results = {}
-    for path in sorted(Path(runs_dir).glob("*/seed*/eval.json")):
+    for path in sorted(Path(runs_dir).glob(f"*/seed*/{name}")):
         try:
             results.setdefault(path.parent.parent.name, []).append(json.loads(path.read_text()))
         except json.JSONDecodeError as err:
@@ -111,17 +111,23 @@ def load_run_results(runs_dir):
 
 
 def write_tables(runs_dir, out_dir, layers=("0", "8"), ids=None):
-    """Aggregate every run under runs_dir and write out_dir/table1.md and table2.md; returns their paths.
+    """Aggregate every run under runs_dir and write out_dir/table1.md and table2.md (and, from the runs'
+    eval_indomain.json, table1_indomain.md: the same on the in-domain dev set); returns their paths.
 
     `ids` keeps only those rows (a table without any of them is not written).
     """
-    summaries = {run_id: aggregate(results, layers) for run_id, results in load_run_results(runs_dir).items()
-                 if run_id in RUNS}
+    dev, indomain = ({run_id: aggregate(results, layers) for run_id, results in
+                      load_run_results(runs_dir, evaluation).items() if run_id in RUNS}
+                     for evaluation in ("eval.json", "eval_indomain.json"))
     paths = []
-    for name, table_ids, paper, title in (
-        ("table1.md", TABLE1_IDS, PAPER_TABLE1, "Table 1: multilinguality and model fit"),
-        ("table2.md", TABLE2_IDS, PAPER_TABLE2, "Table 2: parallel vs. non-parallel training corpus"),
+    for name, table_ids, paper, title, summaries in (
+        ("table1.md", TABLE1_IDS, PAPER_TABLE1, "Table 1: multilinguality and model fit", dev),
+        ("table2.md", TABLE2_IDS, PAPER_TABLE2, "Table 2: parallel vs. non-parallel training corpus", dev),
+        ("table1_indomain.md", TABLE1_IDS, PAPER_TABLE1, "Table 1 on in-domain dev sentences (BBE Old Testament; "
+         "the paper's on its own dev set)", indomain),
     ):
+        if name == "table1_indomain.md" and not indomain:  # no run evaluated in-domain (--indomain-dev)
+            continue
         rows = [run_id for run_id in table_ids if ids is None or run_id in ids]
         if not rows:
             continue
@@ -129,6 +135,40 @@ def write_tables(runs_dir, out_dir, layers=("0", "8"), ids=None):
         write_atomic(path, markdown_table(rows, summaries, paper, title))
         paths.append(path)
     return paths
+
+
+def trained_updates(runs_dir):
+    """The updates of the first trained seed of run ID 0 (of any run without one): its log's last `train` record's
+    train_num_updates; 0 without a training log."""
+    from fairseq_xmlm.experiments.dufter.figures import read_fairseq_log
+
+    logs = sorted(Path(runs_dir).glob("0/seed*/train.log")) or sorted(Path(runs_dir).glob("*/seed*/train.log"))
+    for path in logs:
+        records = read_fairseq_log(path, "train")
+        if records:
+            return int(records[-1]["train_num_updates"])
+    return 0
+
+
+def table_json(runs_dir, setting, ids=None):
+    """Tables 1 and 2 as docs/results/dufter_table1.json holds them: {"setting", "updates", "seeds", "rows": {ID:
+    {"mu", "mu_std" (None for one seed), "n", "layers": {"0"|"8": {"align_f1", "retrieval", "translation"}},
+    "ppl_train", "ppl_dev"}}}, means over the seeds present, rows in RUNS' order (only `ids`, if given)."""
+    results = load_run_results(runs_dir)
+    rows = {}
+    for run_id in RUNS:
+        if run_id not in results or (ids is not None and run_id not in ids):
+            continue
+        summary = aggregate(results[run_id])
+        mean = {column: value[0] for column, value in summary.items() if column in COLUMNS}
+        rows[run_id] = {
+            "mu": mean["mu"], "mu_std": summary["mu"][1], "n": summary["n"],
+            "layers": {layer: {"align_f1": mean[f"f1_{end}"], "retrieval": mean[f"rho_{end}"],
+                               "translation": mean[f"tau_{end}"]} for layer, end in (("0", "lo"), ("8", "hi"))},
+            "ppl_train": mean["ppl_train"], "ppl_dev": mean["ppl_dev"]}
+    seeds = sorted({int(path.parent.name[len("seed"):]) for path in Path(runs_dir).glob("*/seed*/eval.json")
+                    if path.parent.parent.name in rows})
+    return {"setting": setting, "updates": trained_updates(runs_dir), "seeds": seeds, "rows": rows}
 
 
 def write_figures(runs_dir, out_dir, data):
@@ -161,11 +201,14 @@ def write_figures(runs_dir, out_dir, data):
         figures.plot_training_curves(curves, out_dir / "fig6_7_training_curves.png")
 
 
-def write_report(runs_dir, results, data, ids):
-    """Tables 1 and 2 (printed as well) and the figures, from the results present under runs_dir."""
+def write_report(runs_dir, results, data, ids, setting=None):
+    """Tables 1 and 2 (printed as well), with a `setting` (a line naming the training) dufter_table1.json
+    (`table_json`), and the figures, from the results present under runs_dir."""
     for path in write_tables(runs_dir, results, ids=ids):
         log(f"wrote {path}")
         print(path.read_text())
+    if setting is not None and (table := table_json(runs_dir, setting, ids))["rows"]:
+        log(f"wrote {write_json(Path(results) / 'dufter_table1.json', table)}")
     if importlib.util.find_spec("matplotlib") is None:  # e.g. a GPU machine with the training stack only
         log("figures skipped: matplotlib is not installed here; `python -m fairseq_xmlm.experiments.dufter "
             "--report` draws them where it is")

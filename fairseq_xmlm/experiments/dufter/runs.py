@@ -39,6 +39,30 @@ TABLE1_IDS = ("0", "1", "2", "4", "5", "6", "7", "8", "15", "16", "17", "3", "9"
 TABLE2_IDS = ("0", "21", "21b")
 CURVE_IDS = ("0", "15", "30")  # Fig. 6/7: trained with the multilinguality validation hook
 
+@dataclass(frozen=True)
+class Schedule:
+    """How long a run trains: its batch size and epochs (times the preset's), on the sentences or on clause units
+    (`data.prepare.prepare_fake_english_clauses`)."""
+
+    description: str
+    batch_size: int = 256
+    epoch_factor: int = 1
+    clauses: bool = False
+
+
+# The paper's code logs 135 updates an epoch, 13,500 in 100 epochs, on 17k short sentences; BBE's New Testament has
+# 8,732 long ones (about the same words): 69 updates an epoch at the paper's batch of 256 sentences. Each schedule
+# but the last matches the paper's updates in one way; the updates are for the whole BBE New Testament.
+SCHEDULES = {
+    "batch128": Schedule("batches of 128 sentences, 100 epochs: 137 updates an epoch, 13,700 in all", batch_size=128),
+    "clauses": Schedule("the training sentences cut into 17,486 clause units (>= 8 words), batches of 256, 100 "
+                        "epochs: 137 updates an epoch, 13,700 in all", clauses=True),
+    "epochs200": Schedule("batches of 256 sentences, 200 epochs: 69 updates an epoch, 13,800 in all", epoch_factor=2),
+    "2026-11-28": Schedule("the 5-seed table of 2026-11-28: batches of 256 sentences, 100 epochs, 6,900 updates"),
+}
+DEFAULT_SCHEDULE = "batch128"  # the paper's number of updates at its learning rate, warm-up and data
+LEGACY_SCHEDULE = "2026-11-28"  # its results live in results/dufter/ itself, the others' in results/dufter/<name>/
+
 SEEDS = (0, 42, 43, 100, 101)  # the paper's seeds (Table 9)
 KNN_NEIGHBOURS = 1  # Appendix A.3: "in the fake-English setup only with the nearest neighbor"
 BATCH_SIZE = 256  # the paper's; a preset may set its own
@@ -53,6 +77,9 @@ PRESETS = {
     # 32 sentences give 8x the updates of the paper's 256 for the same compute: multilinguality shows up sooner.
     "quickstart": {"epochs": 3, "seeds": 1, "eval_sentences": 1000, "eval_train_sentences": 2000,
                    "validate_every": 500, "valid_steps": 10, "ids": ("0", "18"), "batch_size": 32},
+    # the machinery end to end in seconds a run (tests, `causes --preset tiny`): two updates, 40 dev sentences
+    "tiny": {"epochs": 1, "seeds": 1, "eval_sentences": 40, "eval_train_sentences": 40, "validate_every": 1000,
+             "valid_steps": 1, "max_update": 2, "ids": ("0", "4")},
 }
 
 # the tables' numeric columns, in the paper's order ("lo"/"hi": the two layers shown, 0 and 8 by default)

@@ -20,10 +20,12 @@ def _argv(command):
     return list(map(str, command))
 
 
-def planned_jobs(pending, data, runs_dir, preset, knn_table, eval_cpu=False):
+def planned_jobs(pending, data, runs_dir, preset, knn_table, eval_cpu=False, train_args=None):
     """The sweep's process records (`packed.processes.Job`): (trained runs: fairseq-train commands, each with its
     evaluation to follow, and with `eval_cpu` a BERT-small run's CPU evaluation for while other groups train;
-    the side stage: evaluations of runs trained before, and untrained checkpoints with their evaluations)."""
+    the side stage: evaluations of runs trained before, and untrained checkpoints with their evaluations).
+    `train_args(run_id)`: extra fairseq-train options of that run (e.g. --clip-norm 1.0), which the packed training
+    honours as fairseq-train would or refuses (`packed.runs.parse_run`)."""
     from fairseq_xmlm.packed.processes import Job
 
     ready, untrained, training = [], [], []
@@ -33,7 +35,8 @@ def planned_jobs(pending, data, runs_dir, preset, knn_table, eval_cpu=False):
         if recipe.trained(run_id, run_dir):
             ready.append(Job(evaluation[0]))
             continue
-        command = recipe.train_command(run_id, seed, data, run_dir / "checkpoints", preset, knn_table)
+        command = recipe.train_command(run_id, seed, data, run_dir / "checkpoints", preset, knn_table,
+                                       train_args(run_id) if train_args else ())
         if RUNS[run_id].untrained:
             untrained.append((command, run_id, run_dir))
             continue
@@ -49,9 +52,10 @@ def planned_jobs(pending, data, runs_dir, preset, knn_table, eval_cpu=False):
 
 
 def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, max_group, dry_run, compile=None,
-                   lockstep=False, eval_cpu=False):
+                   lockstep=False, eval_cpu=False, precision="bf16", train_args=None):
     """Train and evaluate the `pending` (run ID, seed) pairs; prints and saves (results/packed_timing.json) the
-    stage times.
+    stage times. `precision`: the stacked models' ("bf16": bf16 products with fp32 master weights; "fp32"), and
+    `train_args` as `planned_jobs`'.
 
     With `eval_cpu`, a BERT-small run whose group ends while others have yet to train is evaluated on the CPU, and
     so is an untrained BERT-small run when any run trains: evaluations on the GPU share it with the training by
@@ -59,7 +63,7 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
     update against about 52 later in its training (2026-11-28, one H200, commit a964e68); the no-parallel group
     trained at 73 updates/s beside the untrained runs' GPU evaluations and at 82 in its last 17 s without them
     (2026-11-28, one H200, commit 5f2dec0)."""
-    training, side_jobs = planned_jobs(pending, data, runs_dir, preset, knn_table, eval_cpu)
+    training, side_jobs = planned_jobs(pending, data, runs_dir, preset, knn_table, eval_cpu, train_args)
     if dry_run:
         for job in side_jobs:
             for argv in (job.argv, *job.then):
@@ -92,8 +96,8 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
     try:
         if training:
             # the validations' products in TF32 on a GPU, as the evaluations' (recipe.evaluate_command)
-            processes.train_side_by_side(training, results / "pack", max_group, slots=slots, compile=compile,
-                                         lockstep=lockstep, tf32=recipe.has_cuda())
+            processes.train_side_by_side(training, results / "pack", max_group, precision=precision, slots=slots,
+                                         compile=compile, lockstep=lockstep, tf32=recipe.has_cuda())
         stages["training_and_evaluation_s"] = time.perf_counter() - started
     except BaseException:
         training_failed.set()  # its untrained runs and evaluations stop too
@@ -103,7 +107,7 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
     if side_failed:
         raise side_failed[0]
     stages["total_s"] = time.perf_counter() - started  # the two stages ran side by side, from the start
-    stages.update(runs=len(pending), trained_runs=len(training), device=_device_name(),
+    stages.update(runs=len(pending), trained_runs=len(training), precision=precision, device=_device_name(),
                   date=time.strftime("%Y-%m-%d %H:%M"))
     timing = results / "packed_timing.json"  # one record per invocation: a table may take several
     earlier = json.loads(timing.read_text()) if timing.exists() else []

@@ -6,9 +6,10 @@
 
 Writes DIR/table4.md, DIR/dufter_table4.json, DIR/table4.png and DIR/word_order.json (each language's details
 and the settings). The zero-shot side is a multilingual model's genre accuracy per language: read from
-xmlm-genre's JSON (--genre-json), or made with --train (one joint-BPE bilingual_mlm model over English and every
-language of --langs, then xmlm-genre; in DIR/model/). Rerun the same command after an interruption: what is done
-is kept.
+xmlm-genre's JSON (--genre-json / --zero-shot FILE), or made with --train (one joint-BPE bilingual_mlm model over
+English and every plain-language label of --langs, then xmlm-genre; in DIR/model/); a Bible without one (another
+version of a language) keeps zero_shot null. Rerun the same command after an interruption: what is done is kept;
+with every language's word order in DIR/word_order.json, no Bible is read again.
 
 Word similarities (`alignments.py`): verse-ID vectors of the parallel Bible (default), or fastText vectors mapped
 into English space by the unsupervised mapping (--vectors fasttext; runs.py says why it is not the default).
@@ -42,7 +43,8 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="directory of the table, JSON, figure and records")
     zero_shot = parser.add_mutually_exclusive_group(required=True)
     zero_shot.add_argument("--no-zero-shot", action="store_true", help="word order only")
-    zero_shot.add_argument("--genre-json", help="xmlm-genre's JSON of the multilingual model")
+    zero_shot.add_argument("--genre-json", "--zero-shot", dest="genre_json", metavar="FILE",
+                           help="xmlm-genre's JSON of the multilingual model (languages it lacks stay empty)")
     zero_shot.add_argument("--train", action="store_true", help="train the multilingual model and evaluate it")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu", help="the model --train trains")
     parser.add_argument("--model", default=None, help="the model's name in the table (default: its checkpoints)")

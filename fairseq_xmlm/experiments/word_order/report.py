@@ -1,9 +1,11 @@
 """Table 4 on the Bible: DIR/table4.md, its JSON source DIR/dufter_table4.json and the figure DIR/table4.png.
 
 dufter_table4.json = {"model": str, "languages": {label: {"kendall_tau": float, "zero_shot": float}},
-"pearson": float}: zero_shot is the genre test accuracy as a fraction, pearson the correlation of the two
-columns over the languages other than English (the paper's 46 %; null for fewer than three languages or a
-constant column). Without zero-shot results every language has only "kendall_tau" and there is no "pearson".
+"pearson": float, "paper": {...}}: zero_shot is the genre test accuracy as a fraction, null where it is not
+measured (no zero-shot results, or a Bible the multilingual model was not trained on: another version of a
+language); pearson the correlation of the two columns over the languages other than English that have both (the
+paper's 46 %; null for fewer than three such languages or a constant column). "paper" compares the Kendall's tau
+column with the paper's mBERT values over the languages both tables hold (Pearson's r), a separate question.
 """
 from pathlib import Path
 
@@ -23,22 +25,29 @@ def pearson(xs, ys):
     return float(np.corrcoef(xs, ys)[0, 1])
 
 
+def paper_comparison(languages):
+    """Pearson's r of our Kendall's tau and the paper's over the languages both tables hold (plain language labels;
+    other versions of a language are left out)."""
+    shared = [label for label in languages if label in PAPER_TABLE4 and label != ENGLISH]
+    r = pearson([languages[label]["kendall_tau"] for label in shared], [PAPER_TABLE4[label][0] for label in shared])
+    return {"languages": shared, "pearson_kendall_tau": r}
+
+
 def summarize(model, word_order, zero_shot=None):
     """The dufter_table4.json document; zero_shot: read_genre_results' dict or None."""
-    languages = {label: {"kendall_tau": result["kendall_tau"]} for label, result in word_order.items()}
-    if zero_shot is None:
-        return {"model": model, "languages": languages}
-    for label in languages:
-        languages[label]["zero_shot"] = zero_shot["accuracy"][label]
-    r = pearson([v["kendall_tau"] for v in languages.values()], [v["zero_shot"] for v in languages.values()])
-    return {"model": model, "languages": languages, "pearson": r}
+    accuracy = zero_shot["accuracy"] if zero_shot else {}
+    languages = {label: {"kendall_tau": result["kendall_tau"], "zero_shot": accuracy.get(label)}
+                 for label, result in word_order.items()}
+    both = [v for v in languages.values() if v["zero_shot"] is not None]
+    r = pearson([v["kendall_tau"] for v in both], [v["zero_shot"] for v in both])
+    return {"model": model, "languages": languages, "pearson": r, "paper": paper_comparison(languages)}
 
 
 def pearson_with_english(summary, zero_shot):
     """The paper's second number: English added as (Kendall's tau 1, its in-language accuracy)."""
-    if zero_shot is None or ENGLISH not in zero_shot["accuracy"] or "pearson" not in summary:
+    if zero_shot is None or ENGLISH not in zero_shot["accuracy"] or summary["pearson"] is None:
         return None
-    values = [(v["kendall_tau"], v["zero_shot"]) for v in summary["languages"].values()]
+    values = [(v["kendall_tau"], v["zero_shot"]) for v in summary["languages"].values() if v["zero_shot"] is not None]
     values.append((1.0, zero_shot["accuracy"][ENGLISH]))
     return pearson(*zip(*values))
 
@@ -77,12 +86,17 @@ def table_markdown(summary, word_order, settings, zero_shot=None):
                  str(result["verses"])]
         if zero_shot:
             majority = zero_shot["majority"].get(label)
-            cells.append(f"{entry['zero_shot'] * 100:.1f}" + (f" ({majority * 100:.1f})" if majority is not None
-                                                               else ""))
+            cells.append(_number(entry["zero_shot"], 100, 1) + (f" ({majority * 100:.1f})" if majority is not None
+                                                                else ""))
         cells += [_number(paper[0]), _number(paper[1], digits=1)]
         lines.append("| " + " | ".join(cells) + " |")
-    if "pearson" in summary:
-        lines += ["", f"Pearson's r of Kendall's tau and zero-shot accuracy over the {len(summary['languages'])} "
+    comparison = summary["paper"]
+    lines += ["", f"Pearson's r of this Kendall's tau and the paper's over the {len(comparison['languages'])} "
+                  f"languages both tables hold ({', '.join(comparison['languages'])}): "
+                  f"{_number(comparison['pearson_kendall_tau'])}."]
+    if zero_shot:
+        measured = sum(v["zero_shot"] is not None for v in summary["languages"].values())
+        lines += ["", f"Pearson's r of Kendall's tau and zero-shot accuracy over the {measured} "
                       f"languages: {_number(summary['pearson'])} without English, "
                       f"{_number(pearson_with_english(summary, zero_shot))} with English (tau 1, in-language "
                       f"accuracy); the paper: {PAPER_PEARSON['without English']:.2f} and "
@@ -97,7 +111,9 @@ def figure(summary, word_order):
     fig, axis = plt.subplots(figsize=(6.4, 4.8))
     labels = list(summary["languages"])
     taus = [summary["languages"][label]["kendall_tau"] for label in labels]
-    if "pearson" in summary:
+    measured = [k for k, label in enumerate(labels) if summary["languages"][label]["zero_shot"] is not None]
+    if measured:
+        labels, taus = [labels[k] for k in measured], [taus[k] for k in measured]
         accuracies = [summary["languages"][label]["zero_shot"] * 100 for label in labels]
         axis.scatter(taus, accuracies)
         for label, x, y in zip(labels, taus, accuracies):

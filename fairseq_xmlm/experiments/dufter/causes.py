@@ -1,0 +1,240 @@
+"""Controlled experiments: which differences between our training and the paper's (github pdufter/minimult) move
+μ. Each cause trains the run IDs it matters for in one setting that differs from the 2026-11-28 baseline in that
+cause alone, and sets μ and its parts beside the baseline's same runs.
+
+    python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N] [--causes a,b]
+        [--data DIR] [--bible-dir DIR] [--results DIR] [--dry-run]
+
+Each setting's runs live in RESULTS/causes/SETTING/runs/ID/seedS/ (a run with its eval.json is skipped, so the
+command resumes where it stopped); on a GPU they train packed, all settings of one precision in one sweep
+(`packed.processes.train_side_by_side`). Then RESULTS/causes.json and causes.md: per cause and run ID, μ and its
+parts before (baseline) and after (the cause's setting), means over the seeds present.
+"""
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.experiments.dufter import recipe, report, sweep
+from fairseq_xmlm.experiments.dufter.runs import COLUMNS, LEGACY_SCHEDULE, PRESETS, RUNS, SEEDS
+from fairseq_xmlm.io import log, write_atomic, write_json
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How the runs of a setting train: the schedule (runs.SCHEDULES), fairseq-train options of every run and of the
+    --no-random runs only, and the packed models' precision on a GPU (fairseq-train on the CPU is fp32 always)."""
+
+    schedule: str = LEGACY_SCHEDULE
+    flags: tuple = ()
+    no_random_flags: tuple = ()
+    precision: str = "bf16"
+
+    def train_args(self, run_id):
+        return list(self.flags) + (list(self.no_random_flags) if "--no-random" in RUNS[run_id].flags else [])
+
+
+BASELINE = "2026-11-28"
+SETTINGS = {
+    BASELINE: Setting(),
+    "batch128": Setting("batch128"),
+    "clauses": Setting("clauses"),
+    "epochs200": Setting("epochs200"),
+    "clip-fp32": Setting(flags=("--clip-norm", "1.0"), precision="fp32"),
+    "no-random-.9": Setting(no_random_flags=("--no-random-mask-share", "0.9")),
+    "attend-padding": Setting(flags=("--attend-padding",)),
+}
+
+
+@dataclass(frozen=True)
+class Cause:
+    description: str
+    setting: str  # trained so, against BASELINE's same runs
+    ids: tuple  # the runs it matters for
+    indomain: bool = False  # instead: BASELINE's runs evaluated on the in-domain dev set
+
+
+MOST = ("0", "1", "2", "4", "7", "15")
+CAUSES = {
+    "batch128": Cause("matched updates: batches of 128 sentences (13,700 updates)", "batch128", MOST),
+    "clauses": Cause("matched updates: clause units of >= 8 words, batches of 256 (13,700 updates)", "clauses", MOST),
+    "epochs200": Cause("matched updates: 200 epochs of batches of 256 (13,800 updates)", "epochs200", MOST),
+    "clip-fp32": Cause("--clip-norm 1.0 and fp32 (packed), as the paper's code", "clip-fp32", MOST),
+    "no-random-.9": Cause("no-random as .9 MASK/.1 keep (the paper's code) for .8/.2 (its text)", "no-random-.9",
+                          ("4", "7")),
+    "attend-padding": Cause("random mixed batches attending to their padding (the paper's code)", "attend-padding",
+                            ("0", "1", "2", "4", "7")),
+    "indomain-dev": Cause("dev set in-domain (BBE Old Testament) for KJV: no training", BASELINE, MOST,
+                          indomain=True),
+}
+
+# which runs and seeds a preset trains, on which recipe preset (runs.PRESETS)
+PRESETS_OF_CAUSES = {
+    "small": {"recipe": "full", "ids": ("0", "1", "2", "4", "7"), "seeds": 2},  # BERT-small runs only
+    "all": {"recipe": "full", "ids": MOST, "seeds": 2},
+    "tiny": {"recipe": "tiny", "ids": ("4",), "seeds": 1},  # the plumbing, on the CPU in about a minute
+}
+
+
+def runs_of(results, setting):
+    return Path(results) / "causes" / setting / "runs"
+
+
+def needed(causes, ids):
+    """{setting: the run IDs it trains} for these causes, restricted to `ids`."""
+    plan = {BASELINE: []}
+    for name in causes:
+        cause = CAUSES[name]
+        plan.setdefault(cause.setting, [])
+        for run_id in cause.ids:
+            if run_id in ids and run_id not in plan[cause.setting]:
+                plan[cause.setting].append(run_id)
+            if run_id in ids and run_id not in plan[BASELINE]:
+                plan[BASELINE].append(run_id)
+    return {setting: run_ids for setting, run_ids in plan.items() if run_ids}
+
+
+def train_all(plan, seeds, data, results, preset, dry_run):
+    """Train and evaluate every (setting, run ID, seed) not yet evaluated: packed on a GPU, else one fairseq-train
+    after another."""
+    packed = recipe.has_cuda()
+    jobs = {}  # precision -> (training jobs, side jobs)
+    for name, run_ids in plan.items():
+        setting = SETTINGS[name]
+        setting_preset = recipe.scheduled(preset, setting.schedule)
+        setting_data = recipe.schedule_data(data, setting.schedule, dry_run)
+        runs_dir = runs_of(results, name)
+        knn_table = runs_dir.parent / "knn_table.pt"  # none of these runs needs it
+        if not packed:
+            for run_id in run_ids:
+                for seed in seeds:
+                    recipe.run_one(run_id, seed, setting_data, runs_dir, setting_preset, knn_table, dry_run,
+                                   setting.train_args(run_id))
+            continue
+        pending = [(run_id, seed) for run_id in run_ids for seed in seeds
+                   if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
+        training, side = sweep.planned_jobs(pending, setting_data, runs_dir, setting_preset, knn_table,
+                                            train_args=setting.train_args)
+        both = jobs.setdefault(setting.precision, ([], []))
+        both[0].extend(training)
+        both[1].extend(side)
+    if packed:
+        train_packed(jobs, results, dry_run)
+
+
+def train_packed(jobs, results, dry_run):
+    from fairseq_xmlm.packed import processes
+
+    slots = max(1, (os.cpu_count() or 2) // 2)
+    for precision, (training, side) in jobs.items():
+        for job in side + training:
+            log("+ " + " ".join(job.argv))
+        if dry_run:
+            continue
+        work = Path(results) / "causes" / "pack" / precision
+        if side:  # evaluations of runs trained before
+            processes.run_jobs(side, slots, work / "side")
+        if training:
+            processes.train_side_by_side(training, work, precision=precision, slots=slots, tf32=True)
+
+
+def evaluate_indomain(causes, ids, seeds, data, bible, results, preset, dry_run):
+    pairs = [(run_id, seed) for name in causes if CAUSES[name].indomain for run_id in CAUSES[name].ids
+             if run_id in ids for seed in seeds]
+    if pairs:
+        recipe.evaluate_indomain(list(dict.fromkeys(pairs)), runs_of(results, BASELINE),
+                                 recipe.indomain_data(data, dry_run, bible), preset, dry_run)
+
+
+def results_of(runs_dir, run_id, name="eval.json"):
+    paths = sorted((runs_dir / run_id).glob(f"seed*/{name}"))
+    return [json.loads(path.read_text()) for path in paths]
+
+
+def means(results):
+    """{column: mean over the seeds, "n": seeds} of one run's eval JSONs; None without any."""
+    if not results:
+        return None
+    summary = report.aggregate(results)
+    return {column: summary[column][0] for column in COLUMNS} | {"n": summary["n"]}
+
+
+def summarise(causes, ids, results):
+    """{cause: {"description", "setting", "updates": {"before", "after"}, "runs": {ID: {"before", "after"}}}}: μ and
+    its parts (COLUMNS) averaged over the seeds present, None where a side has no result yet."""
+    baseline = runs_of(results, BASELINE)
+    summary = {}
+    for name in causes:
+        cause = CAUSES[name]
+        after_dir = runs_of(results, cause.setting)
+        rows = {run_id: {"before": means(results_of(baseline, run_id)),
+                         "after": means(results_of(after_dir, run_id, "eval_indomain.json" if cause.indomain
+                                                   else "eval.json"))}
+                for run_id in cause.ids if run_id in ids}
+        summary[name] = {"description": cause.description, "setting": cause.setting,
+                         "updates": {"before": report.trained_updates(baseline),
+                                     "after": report.trained_updates(after_dir)}, "runs": rows}
+    return summary
+
+
+def _pair(column, before, after):
+    def cell(row):
+        if row is None:
+            return "–"
+        return f"{row[column]:.0f}" if column.startswith("ppl") else f"{row[column]:.2f}"
+
+    return f"{cell(before)} → {cell(after)}"
+
+
+def markdown(summary, preset, seeds):
+    header = "| cause | run | n | μ | L0 F1 | L0 ρ | L0 τ | L8 F1 | L8 ρ | L8 τ | ppl train | ppl dev |"
+    lines = [f"# Causes: μ and its parts before (baseline {BASELINE}) → after", "",
+             f"Preset {preset}, seeds {', '.join(map(str, seeds))}; means over the seeds present.", "", header,
+             "|" + "---|" * (header.count("|") - 1)]
+    for name, cause in summary.items():
+        for run_id, row in cause["runs"].items():
+            n = "/".join(str(side["n"]) if side else "0" for side in (row["before"], row["after"]))
+            lines.append(f"| {name} | {run_id} {RUNS[run_id].description} | {n} | "
+                         + " | ".join(_pair(column, row["before"], row["after"]) for column in COLUMNS) + " |")
+    lines += [""] + [f"- {name}: {cause['description']}; updates {cause['updates']['before']} → "
+                     f"{cause['updates']['after']}" for name, cause in summary.items()]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter causes",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=list(PRESETS_OF_CAUSES), default="small")
+    parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
+    parser.add_argument("--causes", help=f"comma-separated, of {', '.join(CAUSES)} (default: all)")
+    parser.add_argument("--data", default=str(recipe.REPO / "data-bin" / "fake_english"))
+    parser.add_argument("--bible-dir", default=str(recipe.BIBLE), help="BBE's en.txt, for the in-domain dev set")
+    parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter"))
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    causes = args.causes.split(",") if args.causes else list(CAUSES)
+    unknown = [name for name in causes if name not in CAUSES]
+    if unknown:
+        raise XmlmError(f"unknown causes {unknown}; known: {', '.join(CAUSES)}")
+    choice = PRESETS_OF_CAUSES[args.preset]
+    if args.seeds is not None and not 1 <= args.seeds <= len(SEEDS):
+        raise XmlmError(f"--seeds must be 1 to {len(SEEDS)}, got {args.seeds}")
+    seeds, ids, preset = SEEDS[:args.seeds or choice["seeds"]], choice["ids"], PRESETS[choice["recipe"]]
+    data, results = Path(args.data), Path(args.results)
+    recipe.ensure_data(data, args.dry_run)
+    train_all(needed(causes, ids), seeds, data, results, preset, args.dry_run)
+    evaluate_indomain(causes, ids, seeds, data, Path(args.bible_dir), results, preset, args.dry_run)
+    if args.dry_run:
+        return
+    summary = summarise(causes, ids, results)
+    write_json(results / "causes.json", {"preset": args.preset, "seeds": list(seeds), "baseline": BASELINE,
+                                         "columns": list(COLUMNS), "causes": summary})
+    text = markdown(summary, args.preset, seeds)
+    write_atomic(results / "causes.md", text)
+    print(text)
