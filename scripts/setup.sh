@@ -24,11 +24,11 @@ pip install -q pip==26.3
 # triton: the packed encoder's attention kernels (fairseq_xmlm/packed/attention_kernels.py; CUDA builds of torch
 # bring their own); the CPU's tests run them in Triton's interpreter. 3.6.0 is the GPU machine's.
 # jieba: the Chinese word segmenter of the word-level measures (fairseq_xmlm/data/segment.py), pure Python.
-# pytest-timeout: scripts/test.sh gives every test a deadline.
+# pytest-timeout, pytest-xdist: scripts/test.sh gives every test a deadline and runs a test file per CPU core.
 pip install -q torch==2.13.0 numpy==2.4.6 cython==3.3.1 setuptools==80.10.2 wheel==0.48.0 hydra-core==1.3.2 \
   omegaconf==2.3.0 regex==2026.11.19 sacrebleu==2.6.0 tqdm==4.70.1 bitarray==3.12.3 scikit-learn==1.9.1 \
   scipy==1.17.1 matplotlib==3.11.2 sentencepiece==0.2.3 sacremoses==0.2.0 fasttext-numpy2==0.10.4 pytest==9.2.0 \
-  pytest-timeout==2.4.0 triton==3.6.0 jieba==0.42.1
+  pytest-timeout==2.4.0 pytest-xdist==3.8.0 execnet==2.1.2 triton==3.6.0 jieba==0.42.1
 # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is the same API. Build it against the torch
 # above (--no-build-isolation) and without its declared deps (--no-deps: they would pull torchaudio).
 if ! "$venv/bin/python" -c "import fairseq" 2>/dev/null; then

@@ -20,4 +20,8 @@ if [ ! -d "$cache/freedict/dict-freedict-eng-fra" ] && command -v apt-get >/dev/
     echo "test: neither root nor password-less sudo: no apt-get update; the FreeDict tests need the package lists" >&2
   fi
 fi
-exec "$root/.venv/bin/python" -m pytest tests -q -p no:cacheprovider --timeout 600 --durations=25 "$@"
+# One worker per CPU core (XMLM_TEST_WORKERS=0: none), each taking whole test files so that a file's fixtures are
+# built once; one thread per process, since the workers and their fairseq-train children already fill the cores.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+exec "$root/.venv/bin/python" -m pytest tests -q -p no:cacheprovider --timeout 600 --durations=25 \
+  -n "${XMLM_TEST_WORKERS:-auto}" --dist loadfile "$@"

@@ -1,4 +1,5 @@
 """Session fixtures shared by the test modules: real Bible text, prepared data, tiny real training runs."""
+import ast
 import hashlib
 import os
 import shutil
@@ -13,12 +14,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from fairseq_xmlm.data import bible  # noqa: E402
+from fairseq_xmlm.data import bible_verses  # noqa: E402
+from fairseq_xmlm.data.cache import cache_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_VERSIONS = {"en": "3", "en_kjv": "k", "fr": "l", "de": "s", "ru": "r", "hi": "i", "zh": "c"}
 # The code that writes the test Bibles: a change to it (the cleaning of a verse, say) is a new cache key.
-BIBLE_CODE = [REPO / "fairseq_xmlm" / "data" / "bible.py", REPO / "fairseq_xmlm" / "io.py"]
+BIBLE_CODE = [REPO / "fairseq_xmlm" / "data" / "bible_verses.py", REPO / "fairseq_xmlm" / "io.py"]
 TIMEOUT = 900  # seconds for any one command a fixture or helper runs (a tiny training run takes well under one)
 
 
@@ -32,11 +34,11 @@ def bible_cache_key():
 def fetched_bible_dir():
     """The test Bibles, fetched once per version of the code that writes them (BIBLE_CODE) into the cache dir;
     test Bibles of other versions of that code are removed."""
-    folder = bible.cache_dir() / "tests" / f"bible-{bible_cache_key()}"
+    folder = cache_dir() / "tests" / f"bible-{bible_cache_key()}"
     if not folder.is_dir():
         build = folder.with_name(f".{folder.name}.{os.getpid()}")
         shutil.rmtree(build, ignore_errors=True)
-        bible.fetch_bible(build, TEST_VERSIONS)
+        bible_verses.fetch_bible(build, TEST_VERSIONS)
         try:
             os.replace(build, folder)
         except OSError:  # another test session built it first
@@ -62,7 +64,7 @@ def bible_dir():
 @pytest.fixture(scope="session")
 def fake_english_data(bible_dir, tmp_path_factory):
     """Dufter's data (BBE New Testament, 2048 pieces) with a 1000-sentence KJV dev set."""
-    from fairseq_xmlm.data.prepare import prepare_fake_english
+    from fairseq_xmlm.data.preparation import prepare_fake_english
 
     out = tmp_path_factory.mktemp("data-bin") / "fake_english"
     prepare_fake_english(bible_dir, out, vocab_size=2048, valid_size=1000)
@@ -110,7 +112,7 @@ def en_fr_checkpoint(bible_dir, tmp_path_factory):
 
     Every data-bin split is read by the genre benchmark; these books put every genre on every benchmark side.
     The zero-shot tasks read its data-bin's spm model and dictionary."""
-    from fairseq_xmlm.data.prepare import prepare_pair
+    from fairseq_xmlm.data.preparation import prepare_pair
 
     root = tmp_path_factory.mktemp("en_fr")
     prepare_pair(bible_dir, ["en", "fr"], "joint", 600, root / "data",
@@ -132,7 +134,7 @@ def en_fr_checkpoint(bible_dir, tmp_path_factory):
 def bible_en_fr_data(bible_dir, tmp_path_factory):
     """A small real en-fr pair for bilingual_mlm: joint BPE (600 pieces), Mark + Luke to train, Jonah / Philippians
     held out."""
-    from fairseq_xmlm.data.prepare import prepare_pair
+    from fairseq_xmlm.data.preparation import prepare_pair
 
     out = tmp_path_factory.mktemp("data-bin") / "bible_en_fr"
     prepare_pair(bible_dir, ["en", "fr"], "joint", 600, out, train_books="Mark,Luke", valid_books="Jonah",
@@ -148,3 +150,27 @@ def expect_cli_error(capsys, main, argv, message):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def module_name(path):
+    """fairseq_xmlm/a/b.py -> fairseq_xmlm.a.b; a package's __init__.py is the package."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_command(path):
+    """A module a user runs: a `__main__.py`, or one with a `cli_errors` console script or a `__main__` guard."""
+    if path.name == "__main__.py":
+        return True
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d) == "cli_errors" for d in node.decorator_list):
+            return True
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__"):
+            return True
+    return False
+
+
+def command_modules():
+    """{module name: path} of every command module of the package (`is_command`)."""
+    paths = sorted((REPO / "fairseq_xmlm").rglob("*.py"))
+    return {module_name(path): path for path in paths if is_command(path)}

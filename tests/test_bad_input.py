@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, command_modules
 
 VENV_BIN = Path(sys.executable).parent
 TIMEOUT = 180  # seconds per command; a broken input is refused within seconds of the imports
@@ -99,9 +99,9 @@ class Inputs:
         (root / "en.txt").write_bytes(b"".join((bible_dir / "en.txt").read_bytes().splitlines(True)[:500]))
         torch.save({"neighbours": torch.zeros(3, 2, dtype=torch.long), "dict_size": 3, "dict_md5": "0", "k": 2},
                    root / "knn.pt")
-        from fairseq_xmlm.data import bible
+        from fairseq_xmlm.data import bible_verses
 
-        self.bible_db = bible.bible_db_path()
+        self.bible_db = bible_verses.bible_db_path()
         # the cache every case reads (XMLM_CACHE): the real bible.db and a small FreeDict en-fr package
         self.cache = root / "cache"
         (self.cache / "bible").mkdir(parents=True)
@@ -285,6 +285,7 @@ COMMANDS = {
         ("genre-json", ["random", "wrong-format"], "--langs fr --genre-json {bad} --corpus-dir {bible} --out {out}"),
     ],
     "-m fairseq_xmlm.packed": [("pipeline", ["latin-1", "wrong-format"], "{bad} --summary {out}")],
+    "-m fairseq_xmlm.packed_training": [("pipeline", ["missing"], "{bad} --summary {out}")],
     "-m fairseq_xmlm.gpu_pack": [("pipeline", ["missing", "random"], "{bad} --log-dir {out}")],
     "fairseq-train": [
         ("data-bin", ["missing", "dict-latin-1", "bin-truncated"], "{bad} " + FAKE_ENGLISH + " " + PLUGIN),
@@ -304,21 +305,12 @@ def console_scripts():
     return dict(re.findall(r'"([\w-]+) = (fairseq_xmlm[\w.]*):\w+"', (REPO / "setup.py").read_text()))
 
 
-def module_commands():
-    """`-m MODULE` for every module of the package with a command-line main (decorated with cli_errors)."""
-    commands = []
-    for path in sorted((REPO / "fairseq_xmlm").rglob("*.py")):
-        if "@cli_errors" in path.read_text(encoding="utf-8"):
-            module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__main__")
-            commands.append(f"-m {module}")
-    return commands
-
-
 def test_every_command_has_cases():
     scripts = console_scripts()
     assert set(scripts) <= set(COMMANDS), "a console script of setup.py has no bad-input cases"
     covered = {f"-m {module}" for module in scripts.values()} | set(COMMANDS)
-    assert set(module_commands()) <= covered, "a `python -m` command of the package has no bad-input cases"
+    module_commands = {f"-m {name.removesuffix('.__main__')}" for name in command_modules()}
+    assert module_commands <= covered, "a `python -m` command of the package has no bad-input cases"
 
 
 def run_case(inputs, command, role, damage, arguments, where):
@@ -387,7 +379,7 @@ WORKER_PROGRAMS = {
 
 @pytest.mark.parametrize("worker", WORKER_PROGRAMS)
 def test_an_error_in_a_worker_process_is_one_line_too(worker, tmp_path):
-    program = "import fairseq_xmlm\nfrom fairseq_xmlm.data.bible import testament\n" + WORKER_PROGRAMS[worker]
+    program = "import fairseq_xmlm\nfrom fairseq_xmlm.data.bible_verses import testament\n" + WORKER_PROGRAMS[worker]
     proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
                           timeout=TIMEOUT)
     assert proc.returncode == 2 and proc.stderr == "error: unknown Bible book number 0 (expected 1..66)\n", \

@@ -1,5 +1,7 @@
 """bilingual_mlm (Conneau et al.) on real Bible text: 0.7 language sampling, single-language batches, within / cross
 random words, the Sep-Emb softmax, checkpoints, one real run of every Table 1 row, and bad input."""
+import copy
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -40,7 +42,7 @@ def vocabulary(data, lang, splits=("train",)):
 @pytest.fixture(scope="module")
 def prefixed_data(bible_dir, tmp_path_factory):
     """The same pair with language-prefixed pieces: no symbol shared ("No anchors")."""
-    from fairseq_xmlm.data.prepare import prepare_pair
+    from fairseq_xmlm.data.preparation import prepare_pair
 
     out = tmp_path_factory.mktemp("data-bin") / "bible_en_fr_prefixed"
     prepare_pair(bible_dir, ["en", "fr"], "prefixed", 300, out, train_books="Mark,Luke", valid_books="Jonah",
@@ -125,6 +127,41 @@ def test_streams_are_256_token_blocks_starting_with_bos(bible_en_fr_data):
     assert sum(len(tokens) == 256 for tokens, _ in items) >= len(items) - 1
     words = sum(len(s) for s in raw_items(bible_en_fr_data, "valid.en"))  # pieces + one </s> per verse
     assert sum(len(tokens) - 1 for tokens, _ in items) == words
+
+
+def assert_same_batch(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_same_batch(a[key], b[key])
+        elif torch.is_tensor(a[key]):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("random_replace", ["cross", "within"])
+def test_batches_read_whole_are_the_batches_read_item_by_item(bible_en_fr_data, random_replace):
+    """The collater's whole-batch path (__getitems__, pad_right, one sort to rank) gives the earlier item-by-item
+    path's batches (per_item: __getitem__, fairseq's collate_tokens, sorting twice), masks included, through
+    fairseq's iterator over two epochs of the shuffled train split and over the unshuffled valid split."""
+    task = make_task(bible_en_fr_data, random_replace=random_replace)
+    padded = 0
+    for split, epochs in (("train", (1, 2)), ("valid", (1,))):
+        task.load_dataset(split)
+        new = task.datasets[split]
+        old = copy.copy(new)
+        old.per_item, old.masker = True, dataclasses.replace(new.masker, sort_twice=True)
+        for epoch in epochs:
+            old_batches, new_batches = (
+                list(task.get_batch_iterator(dataset, max_sentences=8, seed=1, epoch=epoch,
+                                             disable_iterator_cache=True).next_epoch_itr(shuffle=True))
+                for dataset in (old, new))
+            assert len(old_batches) == len(new_batches) > 0
+            for old_batch, new_batch in zip(old_batches, new_batches):
+                assert_same_batch(old_batch, new_batch)
+                padded += old_batch["net_input"]["has_padding"]
+    assert padded > 0  # some batch holds a short last stream: the padding is compared too
 
 
 # --- random words ------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fairseq_xmlm.data import cedict, freedict, prepare
+from fairseq_xmlm.data import bilingual_dictionary, cedict, freedict, preparation
 from fairseq_xmlm.data.codeswitch import code_switch, load_switch_dictionary
 from fairseq_xmlm.data.muse import load_muse_dictionary
 from fairseq_xmlm.data.segment import HAN, join_tokens, split_tokens, words
@@ -54,7 +54,7 @@ def test_real_en_zh_dictionary(en_zh_dictionary, bible_dir):
     pairs = set(train + test)
     assert {("god", "神"), ("jesus", "耶稣"), ("light", "光"), ("israel", "以色列"), ("son", "儿子")} <= pairs
     assert all(src.isascii() and src == src.lower() and all(HAN.match(c) for c in tgt) for src, tgt in pairs)
-    chinese = freedict.word_frequencies(bible_dir / "zh.txt", "zh")
+    chinese = bilingual_dictionary.word_frequencies(bible_dir / "zh.txt", "zh")
     assert all(tgt in chinese for _, tgt in train + test)
     test_sources = {src for src, _ in test}
     assert len(test_sources) == 100 and not test_sources & {src for src, _ in train}
@@ -65,8 +65,8 @@ def test_chinese_vocabulary_grows_and_code_switching(en_zh_dictionary, bible_dir
     # The quick preset's 2000 pieces per language are fewer than the characters of the Chinese Psalms - Song of
     # Solomon (sentencepiece keeps 99.95 % of the character occurrences: about 2,400 characters)
     out = tmp_path / "separate"
-    prepare.prepare_pair(bible_dir, ["en", "zh"], "separate", 2000, out, train_books="19-23", valid_books="Ruth",
-                         test_books="Jonah")
+    preparation.prepare_pair(bible_dir, ["en", "zh"], "separate", 2000, out, train_books="19-23",
+                             valid_books="Ruth", test_books="Jonah")
     sizes = json.loads((out / "meta.json").read_text())["spm_vocab_sizes"]
     assert sizes["en"] == 2000 and 2200 < sizes["zh"] < 3000
     # the words of the data-bin's verses (those without a character unknown to the dictionary) are jieba's words

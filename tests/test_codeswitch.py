@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_xmlm.data import freedict, prepare
+from fairseq_xmlm.data import bilingual_dictionary, preparation
 from fairseq_xmlm.data.codeswitch import build_switch_dictionary, code_switch, load_switch_dictionary
 from fairseq_xmlm.errors import XmlmError
 
@@ -17,7 +17,7 @@ from test_data_bible import fetched_bible_dir  # noqa: E402
 def dictionary_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("dict") / "en-fr.txt"
     bible_dir = fetched_bible_dir()
-    freedict.build_dictionary("en-fr", path, vocab=bible_dir / "en.txt", tgt_vocab=bible_dir / "fr.txt")
+    bilingual_dictionary.build_dictionary("en-fr", path, vocab=bible_dir / "en.txt", tgt_vocab=bible_dir / "fr.txt")
     return path
 
 
@@ -26,7 +26,7 @@ def tokens():
     bible_dir = fetched_bible_dir()
     lines = {lang: (bible_dir / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[23145:27145]
              for lang in ("en", "fr")}  # 4000 verses of the gospels
-    return {lang: prepare.moses_tokenize(text, lang, False) for lang, text in lines.items()}
+    return {lang: preparation.moses_tokenize(text, lang, False) for lang, text in lines.items()}
 
 
 def test_rates_on_real_text(dictionary_file, tokens):
@@ -71,8 +71,8 @@ def test_weights_direction_and_seed():
 
 def test_prepare_pair_reports_codeswitch(dictionary_file, tmp_path):
     out = tmp_path / "cs"
-    report = prepare.prepare_pair(fetched_bible_dir(), ["en", "fr"], "separate", 500, out, valid_books="Ruth",
-                                  test_books="Jonah", train_books="40-43", codeswitch_dict=dictionary_file)
+    report = preparation.prepare_pair(fetched_bible_dir(), ["en", "fr"], "separate", 500, out, valid_books="Ruth",
+                                      test_books="Jonah", train_books="40-43", codeswitch_dict=dictionary_file)
     saved = json.loads((out / "report.json").read_text())
     assert saved["codeswitch"] == report["codeswitch"]
     for lang in ("en", "fr"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_xmlm.data import bible
+from fairseq_xmlm.data import bible_verses
 from fairseq_xmlm.experiments.conneau import report
 from fairseq_xmlm.experiments.conneau.evaluate import cka_by_layer
 from fairseq_xmlm.experiments.conneau.recipe import parse_pairs, parse_rows
@@ -28,7 +28,7 @@ def small_corpus(bible_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("conneau")
     corpus = root / "bible"
     corpus.mkdir()
-    books = [bible.BOOKS[book] for book, _, _ in bible.read_verse_table(bible_dir)]
+    books = [bible_verses.BOOKS[book] for book, _, _ in bible_verses.read_verse_table(bible_dir)]
     for lang in ("en", "fr"):
         lines = (bible_dir / f"{lang}.txt").read_text(encoding="utf-8").splitlines()
         kept = [line if book in KEPT_BOOKS else "" for line, book in zip(lines, books)]

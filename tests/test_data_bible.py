@@ -4,7 +4,7 @@ import re
 import pytest
 
 from conftest import TEST_VERSIONS, fetched_bible_dir  # noqa: F401  (test modules import the fetcher from here)
-from fairseq_xmlm.data import bible
+from fairseq_xmlm.data import bible, bible_verses
 from fairseq_xmlm.data.sentences import split_sentences
 from fairseq_xmlm.errors import XmlmError
 
@@ -17,8 +17,8 @@ def verses(bible_dir):
 
 
 def test_every_language_has_31102_aligned_lines(bible_dir, verses):
-    table = bible.read_verse_table(bible_dir)
-    assert len(table) == bible.NUM_VERSES == 31102
+    table = bible_verses.read_verse_table(bible_dir)
+    assert len(table) == bible_verses.NUM_VERSES == 31102
     assert table == sorted(table) and len(set(table)) == len(table)
     for lang, lines in verses.items():
         assert len(lines) == 31102, lang
@@ -26,7 +26,7 @@ def test_every_language_has_31102_aligned_lines(bible_dir, verses):
 
 
 def test_john_3_16_is_present_everywhere(bible_dir, verses):
-    index = bible.read_verse_table(bible_dir).index(JOHN_3_16)
+    index = bible_verses.read_verse_table(bible_dir).index(JOHN_3_16)
     assert (bible_dir / "verses.tsv").read_text().split("\n")[index] == f"{index + 1}\t43\tJohn\t3\t16"
     for lang, lines in verses.items():
         assert lines[index], lang
@@ -51,29 +51,29 @@ def test_cleaning_removes_markers_notes_and_curly_quotes(verses):
 
 
 def test_clean_verse_examples():
-    assert bible.clean_verse("(22:1) Und  Laban stand auf. (22:2) Jakob ging.", "de") == \
+    assert bible_verses.clean_verse("(22:1) Und  Laban stand auf. (22:2) Jakob ging.", "de") == \
         "Und Laban stand auf. Jakob ging."
-    assert bible.clean_verse("“ 神爱世人， 甚至把他的独生子赐给他们。 ", "zh") == '"神爱世人，甚至把他的独生子赐给他们。'
-    assert bible.clean_verse("God`s [own] word*", "en") == "God's own word"
-    assert bible.clean_verse("[]", "en") == "" and bible.clean_verse("(8:1)", "en") == ""
+    assert bible_verses.clean_verse("“ 神爱世人， 甚至把他的独生子赐给他们。 ", "zh") == '"神爱世人，甚至把他的独生子赐给他们。'
+    assert bible_verses.clean_verse("God`s [own] word*", "en") == "God's own word"
+    assert bible_verses.clean_verse("[]", "en") == "" and bible_verses.clean_verse("(8:1)", "en") == ""
 
 
 def test_book_metadata():
-    assert len(bible.BOOKS) == 66 and bible.BOOKS[43] == "John" and bible.BOOKS[1] == "Genesis"
-    assert bible.testament(39) == "OT" and bible.testament(40) == "NT"
+    assert len(bible_verses.BOOKS) == 66 and bible_verses.BOOKS[43] == "John" and bible_verses.BOOKS[1] == "Genesis"
+    assert bible_verses.testament(39) == "OT" and bible_verses.testament(40) == "NT"
     with pytest.raises(XmlmError, match="book number 67"):
-        bible.testament(67)
+        bible_verses.testament(67)
 
 
 def test_parse_versions_and_errors():
-    assert bible.parse_versions("en:3,fr:l") == {"en": "3", "fr": "l"}
-    assert bible.parse_versions("en,de,en_kjv:k") == {"en": "3", "de": "s", "en_kjv": "k"}
+    assert bible_verses.parse_versions("en:3,fr:l") == {"en": "3", "fr": "l"}
+    assert bible_verses.parse_versions("en,de,en_kjv:k") == {"en": "3", "de": "s", "en_kjv": "k"}
     with pytest.raises(XmlmError, match="unknown Bible version code 'q'"):
-        bible.parse_versions("en:q")
+        bible_verses.parse_versions("en:q")
     with pytest.raises(XmlmError, match="is fr, not 'en'"):
-        bible.parse_versions("en:l")
+        bible_verses.parse_versions("en:l")
     with pytest.raises(XmlmError, match="no default Bible version for language 'xx'"):
-        bible.parse_versions("xx")
+        bible_verses.parse_versions("xx")
 
 
 def test_cli_list_and_bad_code(capsys):
@@ -99,8 +99,8 @@ def test_sentence_splitter_rules():
 
 
 def test_sentence_splitter_on_the_new_testament(bible_dir, verses):
-    table = bible.read_verse_table(bible_dir)
-    new_testament = [line for line, (book, _, _) in zip(verses["en"], table) if book in bible.NEW_TESTAMENT]
+    table = bible_verses.read_verse_table(bible_dir)
+    new_testament = [line for line, (book, _, _) in zip(verses["en"], table) if book in bible_verses.NEW_TESTAMENT]
     sentences = [sentence for line in new_testament for sentence in split_sentences(line)]
     assert len(new_testament) < len(sentences) < 2 * len(new_testament)
     # nothing is lost or invented: the sentences of a verse are the verse

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import TIMEOUT, expect_cli_error
-from fairseq_xmlm.data.prepare import (CLAUSE_MIN_WORDS, clause_units, prepare_fake_english_clauses,
-                                       prepare_fake_english_indomain)
+from fairseq_xmlm.data.preparation import (CLAUSE_MIN_WORDS, clause_units, prepare_fake_english_clauses,
+                                           prepare_fake_english_indomain)
 from fairseq_xmlm.experiments.dufter import causes
 from fairseq_xmlm.experiments.dufter.__main__ import main
 from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences

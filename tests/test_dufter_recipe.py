@@ -184,7 +184,7 @@ def option(command, name):
 def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_english_data, tmp_path, capsys):
     """The default trains the paper's ~13,500 updates (batches of 128: 137 an epoch); 200 epochs and clause units
     come near it too; `--schedule 2026-11-28` is the 5-seed table's 69 x 100; each schedule's results apart."""
-    from fairseq_xmlm.data.prepare import prepare_fake_english_clauses
+    from fairseq_xmlm.data.preparation import prepare_fake_english_clauses
     from fairseq_xmlm.experiments.dufter.__main__ import results_dir
 
     clauses = fake_english_data.with_name(fake_english_data.name + "_clauses")

@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse
 import torch
 
-from fairseq_xmlm.analysis import knn_table
+from fairseq_xmlm.analysis import knn_builder
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.dufter_real import recipe as table3_recipe
 from fairseq_xmlm.experiments.dufter_real.__main__ import main as table3_main
@@ -150,7 +150,7 @@ def test_dice_neighbours_against_brute_force():
     b = (rng.random((9, 30)) < 0.3).astype(np.float32)
     b[:, 0] = 1  # no empty row
     a[:, 0] = 1
-    found = knn_table.dice_neighbours(scipy.sparse.csr_matrix(a), scipy.sparse.csr_matrix(b), 3, chunk_rows=2)
+    found = knn_builder.dice_neighbours(scipy.sparse.csr_matrix(a), scipy.sparse.csr_matrix(b), 3, chunk_rows=2)
     for i in range(7):
         dice = [2 * (a[i] * b[j]).sum() / (a[i].sum() + b[j].sum()) for j in range(9)]
         assert sorted(dice, reverse=True)[:3] == pytest.approx([dice[j] for j in found[i].tolist()])
@@ -158,7 +158,7 @@ def test_dice_neighbours_against_brute_force():
 
 def test_verse_incidence_and_table_layout():
     sentences = [torch.tensor([5, 6, 5]), torch.tensor([6, 7]), torch.tensor([9])]
-    incidence = knn_table.verse_incidence(sentences, torch.tensor([5, 6, 7]))
+    incidence = knn_builder.verse_incidence(sentences, torch.tensor([5, 6, 7]))
     assert incidence.toarray().tolist() == [[1, 0, 0], [1, 1, 0], [0, 1, 0]]
     languages = [(torch.tensor([4, 5]), torch.tensor([True, True])),
                  (torch.tensor([6, 7]), torch.tensor([True, False])), (torch.tensor([8]), torch.tensor([True]))]
@@ -167,7 +167,7 @@ def test_verse_incidence_and_table_layout():
         owned = int(languages[a][1].sum())
         return torch.arange(len(languages[b][0])).flip(0)[:1].expand(owned, 1)
 
-    table = knn_table.multilingual_table(languages, 10, 1, neighbours)
+    table = knn_builder.multilingual_table(languages, 10, 1, neighbours)
     assert table.shape == (10, 2)
     assert table[4].tolist() == [7, 8] and table[6].tolist() == [5, 8] and table[8].tolist() == [5, 7]
     assert table[7].tolist() == [-1, -1]  # not owned by its language
@@ -176,7 +176,7 @@ def test_verse_incidence_and_table_layout():
 def test_neighbour_agreement_counts_hits_per_language_block():
     ours = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [-1, -1, -1, -1]])
     reference = torch.tensor([[2, 9, 9, 9], [9, 9, 8, 9], [1, 1, 1, 1]])
-    assert knn_table.neighbour_agreement(ours, reference, 2) == pytest.approx(2 / 4)
+    assert knn_builder.neighbour_agreement(ours, reference, 2) == pytest.approx(2 / 4)
 
 
 def test_bad_input_is_one_error_line(capsys, tmp_path):

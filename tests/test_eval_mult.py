@@ -121,7 +121,7 @@ def test_bilingual_options_are_refused_for_fake_english(fake_english_checkpoint,
 
 
 def test_dev_data_of_another_dictionary_is_refused(fake_english_checkpoint, bible_dir, tmp_path, capsys):
-    from fairseq_xmlm.data.prepare import prepare_fake_english
+    from fairseq_xmlm.data.preparation import prepare_fake_english
 
     other = tmp_path / "small_vocab"
     prepare_fake_english(bible_dir, other, vocab_size=500, valid_size=20)

@@ -118,7 +118,7 @@ def test_a_dictionary_without_usable_pairs_is_refused(checkpoint, bible_en_fr_da
 
 
 def test_data_of_other_languages_is_refused(checkpoint, bible_dir, tmp_path, capsys):
-    from fairseq_xmlm.data.prepare import prepare_pair
+    from fairseq_xmlm.data.preparation import prepare_pair
 
     other = tmp_path / "en_de"
     prepare_pair(bible_dir, ["en", "de"], "joint", 300, other, train_books="Jonah", valid_books="Ruth",

@@ -1,15 +1,11 @@
-"""The package's modules import each other without a circle, and no library module imports a command module
-(lazy imports inside functions included)."""
+"""The package's modules import each other without a circle, and no module imports a command module (lazy imports
+inside functions included): a library never depends on a command line's module, nor a command on another
+command's; only a former module name kept as an alias imports the command it stands for."""
 import ast
 
-from conftest import REPO
+from conftest import REPO, command_modules, module_name
 
 PACKAGE = REPO / "fairseq_xmlm"
-
-
-def module_name(path):
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph():
@@ -35,28 +31,16 @@ def import_graph():
     return graph
 
 
-def is_command(path):
-    """A module a user runs: a `__main__.py`, or one with a `cli_errors` console script or a `__main__` guard."""
-    if path.name == "__main__.py":
-        return True
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d) == "cli_errors" for d in node.decorator_list):
-            return True
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__"):
-            return True
-    return False
+def command_imports(graph, commands, aliases=None):
+    """[(module, command module it imports)]: no module depends on a command line's module, except an alias (a
+    former module name kept working) on the one command it stands for."""
+    aliases = aliases or {}
+    return sorted((name, target) for name, targets in graph.items() for target in targets
+                  if target in commands and aliases.get(name) != target)
 
 
-def command_imports(graph, commands, exempt=frozenset()):
-    """[(library module, command module it imports)]: a library never depends on a command line's module."""
-    return sorted((name, target) for name, targets in graph.items() if name not in commands
-                  for target in targets if target in commands and target not in exempt)
-
-
-# Modules that still hold a library next to their console script; the experiment drivers (and the piece encoder,
-# data.prepare) import that library. Every other command module is out of a library's reach.
-LIBRARY_AND_COMMAND = {"fairseq_xmlm.data.bible", "fairseq_xmlm.data.freedict", "fairseq_xmlm.data.prepare",
-                       "fairseq_xmlm.zeroshot.genre", "fairseq_xmlm.analysis.knn_table"}
+# {former module name: the command it stands for}; the issue keeps `python -m fairseq_xmlm.packed_training`
+ALIASES = {"fairseq_xmlm.packed_training": "fairseq_xmlm.packed.__main__"}
 
 
 def cycles(graph):
@@ -98,16 +82,16 @@ def test_no_import_cycles():
 
 
 def test_commands_are_recognised():
-    commands = {module_name(path) for path in PACKAGE.rglob("*.py") if is_command(path)}
-    assert {"fairseq_xmlm.zeroshot.run", "fairseq_xmlm.analysis.cli", "fairseq_xmlm.train"} <= commands
-    assert "fairseq_xmlm.zeroshot.readers" not in commands
-    assert LIBRARY_AND_COMMAND <= commands, "a module of LIBRARY_AND_COMMAND lost its command: drop it from the list"
-    graph = {"lib": {"cli", "other_lib"}, "cli": {"lib"}, "other_lib": set()}
-    assert command_imports(graph, {"cli"}) == [("lib", "cli")]
-    assert command_imports(graph, {"cli"}, exempt={"cli"}) == []
+    commands = set(command_modules())
+    assert {"fairseq_xmlm.zeroshot.run", "fairseq_xmlm.analysis.cli", "fairseq_xmlm.train",
+            "fairseq_xmlm.data.prepare", "fairseq_xmlm.experiments.conneau.__main__"} <= commands
+    assert not commands & {"fairseq_xmlm.zeroshot.readers", "fairseq_xmlm.data.preparation"}
+    graph = {"lib": {"cli", "other_lib"}, "cli": {"lib"}, "other_cli": {"cli"}, "other_lib": set()}
+    assert command_imports(graph, {"cli", "other_cli"}) == [("lib", "cli"), ("other_cli", "cli")]
+    assert command_imports(graph, {"cli", "other_cli"}, aliases={"other_cli": "cli"}) == [("lib", "cli")]
 
 
-def test_no_library_module_imports_a_command_module():
-    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    commands = {name for name, path in modules.items() if is_command(path)}
-    assert command_imports(import_graph(), commands, LIBRARY_AND_COMMAND) == []
+def test_no_module_imports_a_command_module():
+    commands = set(command_modules())
+    assert set(ALIASES) | set(ALIASES.values()) <= commands, "an alias or its command is gone: update ALIASES"
+    assert command_imports(import_graph(), commands, ALIASES) == []

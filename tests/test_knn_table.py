@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fairseq_xmlm.analysis import fasttext, knn_table
+from fairseq_xmlm.analysis import fasttext, knn_builder, knn_table
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.vocabulary import add_mask_symbol, dictionary_fingerprint, doubled_dictionary, load_data_dictionary
 
@@ -83,7 +83,7 @@ def test_bad_requests_give_one_clear_error(fake_english_data, tmp_path, capsys, 
 
 def test_a_directory_without_dictionary_is_refused(tmp_path):
     with pytest.raises(XmlmError, match="no dictionary"):
-        knn_table.build_table(str(tmp_path), ["en", "fr"], 5)
+        knn_builder.build_table(str(tmp_path), ["en", "fr"], 5)
 
 
 def test_two_real_languages_share_one_table_by_ownership():
@@ -97,8 +97,8 @@ def test_two_real_languages_share_one_table_by_ownership():
     ids_a, ids_b = torch.arange(10, 10 + n), torch.arange(200, 200 + n)  # ids 200..309 are in both languages
     owned_a = ids_a < 250
     owned_b = ids_b >= 250
-    table = knn_table.neighbour_table([(ids_a, vec_a, owned_a), (ids_b, vec_b, owned_b)], 600, 3,
-                                      init_vocab=300, patience=3)
+    table = knn_builder.neighbour_table([(ids_a, vec_a, owned_a), (ids_b, vec_b, owned_b)], 600, 3,
+                                        init_vocab=300, patience=3)
     assert (table[:10] == -1).all() and (table[500:] == -1).all()  # symbols of neither language
     assert (table[ids_a[owned_a], 0] == ids_b[owned_a]).float().mean() > 0.95   # A's word -> its B counterpart
     assert (table[ids_b[owned_b], 0] == ids_a[owned_b]).float().mean() > 0.95

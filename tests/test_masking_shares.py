@@ -1,6 +1,7 @@
 """How targets are replaced, counted over many draws: every replacement kind's share under each replacement policy
 (the flags' probabilities, `resolve_replacement_probs`), within binomial bounds, in `masking.mask_batch` and in the
 packed path's batches of several runs against each run's own (fairseq's) batches."""
+import dataclasses
 import math
 
 import pytest
@@ -132,6 +133,20 @@ def test_every_replacement_kind_takes_its_share(policy):
     assert n > 50_000
     for name, count, p in zip(KINDS, counts.tolist(), expected):
         assert_share(f"{policy} {name}", count, n, p)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_one_sort_ranks_as_sorting_twice(policy):
+    """choose_targets ranks by inverting one sort's permutation; the earlier code sorted the permutation again: the
+    same inputs and targets for the same generator seed, bit for bit."""
+    masker = masker_for(POLICIES[policy])
+    twice = dataclasses.replace(masker, sort_twice=True)
+    tokens, langs = sentences(torch.Generator().manual_seed(3))
+    sets = langs if POLICIES[policy].random_source == "within" else torch.zeros_like(langs)
+    once_out, twice_out = (m(tokens, MASK_IDS[langs], sets, torch.Generator().manual_seed(11), PAD)
+                           for m in (masker, twice))
+    assert torch.equal(once_out[0], twice_out[0]) and torch.equal(once_out[1], twice_out[1])
+    assert once_out[1].ne(PAD).sum() > 1000
 
 
 # --- the packed path against fairseq's batches, per run ---------------------------------------------------------

@@ -107,6 +107,25 @@ def test_mixed_batch_routes_each_row_to_its_language():
         torch.testing.assert_close(together[rows], alone)
 
 
+@pytest.mark.parametrize("lang", [0, 1])
+def test_one_language_batch_routed_by_its_language_gives_the_same_logits_and_gradients(lang):
+    """batch_lang (the collater's word that every row is of one language) skips finding the rows, nothing else."""
+    results = []
+    for batch_lang in (None, lang):
+        model = make_model(sep_emb=True, sep_layers="1-2")
+        tokens, langs = batch(lang)
+        logits, _ = model(tokens, lang_ids=langs, batch_lang=batch_lang)
+        logits[torch.isfinite(logits)].sum().backward()
+        results.append((logits, {name: p.grad for name, p in model.named_parameters()}))
+    (routed, routed_grads), (whole, whole_grads) = results
+    assert torch.equal(routed, whole)
+    assert routed_grads.keys() == whole_grads.keys()
+    for name, grad in routed_grads.items():
+        assert (grad is None) == (whole_grads[name] is None), name
+        if grad is not None:
+            assert torch.equal(grad, whole_grads[name]), name
+
+
 @pytest.mark.parametrize("sep_layers", ["", "1-2"])
 def test_unpadded_batch_without_attention_mask_is_the_same(sep_layers):
     """has_padding=False (the collater's word that no row is padded) drops the mask, also through routed layers."""

@@ -7,7 +7,7 @@ import pytest
 import sentencepiece as spm
 from fairseq.data import Dictionary, data_utils
 
-from fairseq_xmlm.data import prepare
+from fairseq_xmlm.data import prepare, preparation
 from fairseq_xmlm.data.corpus import read_corpus
 from fairseq_xmlm.errors import XmlmError
 
@@ -32,14 +32,14 @@ def prepared(bible_dir, tmp_path_factory):
 
 
 def _prepare(bible_dir, out, mode, vocab_size):
-    prepare.prepare_pair(bible_dir, ["en", "fr"], mode, vocab_size, out, **SMALL)
+    preparation.prepare_pair(bible_dir, ["en", "fr"], mode, vocab_size, out, **SMALL)
     return out
 
 
 def test_layout_meta_and_report(prepared):
     for mode, out in prepared.items():
         names = {path.name for path in out.iterdir()}
-        expected = {f"{split}.{lang}.{suffix}" for split in prepare.SPLITS for lang in ("en", "fr")
+        expected = {f"{split}.{lang}.{suffix}" for split in preparation.SPLITS for lang in ("en", "fr")
                     for suffix in ("bin", "idx")}
         assert expected | {"dict.txt", "meta.json", "report.json", "report.md"} <= names, mode
         assert not any(name.startswith(".") for name in names)
@@ -65,7 +65,7 @@ def test_binaries_are_readable_and_parallel(prepared, bible_dir):
     dictionary = Dictionary.load(str(out / "dict.txt"))
     model = spm.SentencePieceProcessor(model_file=str(out / "spm.joint.model"))
     verse_lines = {lang: read_corpus(bible_dir / f"{lang}.txt") for lang in ("en", "fr")}
-    for split in prepare.SPLITS:
+    for split in preparation.SPLITS:
         kept = [int(line) for line in (out / f"verses.{split}.txt").read_text().split()]
         for lang in ("en", "fr"):
             dataset = data_utils.load_indexed_dataset(str(out / f"{split}.{lang}"), dictionary, "mmap")
@@ -76,7 +76,7 @@ def test_binaries_are_readable_and_parallel(prepared, bible_dir):
                     item = dataset[k]
                     assert item[-1] == dictionary.eos()
                     decoded = model.decode(dictionary.string(item[:-1]).split())
-                    expected = prepare.moses_tokenize([verse_lines[lang][kept[k] - 1]], lang, False)[0]
+                    expected = preparation.moses_tokenize([verse_lines[lang][kept[k] - 1]], lang, False)[0]
                     assert decoded == expected
     report = json.loads((out / "report.json").read_text())
     assert report["counts"]["en"]["valid"]["sentences"] == report["counts"]["fr"]["valid"]["sentences"] == 85
@@ -85,7 +85,7 @@ def test_binaries_are_readable_and_parallel(prepared, bible_dir):
 
 def test_fake_english(bible_dir, tmp_path):
     out = tmp_path / "fake_english"
-    report = prepare.prepare_fake_english(bible_dir, out, vocab_size=2048, valid_size=300)
+    report = preparation.prepare_fake_english(bible_dir, out, vocab_size=2048, valid_size=300)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["langs"] == ["en"] and meta["task"] == "fake_english"
     dictionary = Dictionary.load(str(out / "dict.txt"))
@@ -115,17 +115,17 @@ def test_bad_corpus(bible_dir, tmp_path, problem, writer, message):
     if writer is not None:
         writer(corpus / "fr.txt")
     with pytest.raises(XmlmError, match=message):
-        prepare.prepare_pair(corpus, ["en", "fr"], "joint", 500, tmp_path / "out", **SMALL)
+        preparation.prepare_pair(corpus, ["en", "fr"], "joint", 500, tmp_path / "out", **SMALL)
     assert _names(tmp_path) == ["corpus"]
 
 
 def test_bad_settings_leave_nothing_behind(bible_dir, tmp_path, capsys):
     with pytest.raises(XmlmError, match="unknown language 'xx'"):
-        prepare.prepare_pair(bible_dir, ["en", "xx"], "joint", 500, tmp_path / "out", **SMALL)
+        preparation.prepare_pair(bible_dir, ["en", "xx"], "joint", 500, tmp_path / "out", **SMALL)
     with pytest.raises(XmlmError, match=r"--vocab-size 100000 is too large for the en\+fr corpus"):
-        prepare.prepare_pair(bible_dir, ["en", "fr"], "joint", 100000, tmp_path / "out", **SMALL)
+        preparation.prepare_pair(bible_dir, ["en", "fr"], "joint", 100000, tmp_path / "out", **SMALL)
     with pytest.raises(XmlmError, match="unknown Bible book 'Hezekiah'"):
-        prepare.prepare_pair(bible_dir, ["en", "fr"], "joint", 500, tmp_path / "out", valid_books="Hezekiah")
+        preparation.prepare_pair(bible_dir, ["en", "fr"], "joint", 500, tmp_path / "out", valid_books="Hezekiah")
     assert _names(tmp_path) == []
     with pytest.raises(SystemExit) as exit_info:
         prepare.main(["pair", "--corpus-dir", str(bible_dir), "--langs", "en,fr", "--vocab-size", "100000",
@@ -138,9 +138,9 @@ def test_bad_settings_leave_nothing_behind(bible_dir, tmp_path, capsys):
 
 
 def test_parse_books():
-    assert prepare.parse_books("Ruth, 40-41,john,1") == [1, 8, 40, 41, 43]
+    assert preparation.parse_books("Ruth, 40-41,john,1") == [1, 8, 40, 41, 43]
     with pytest.raises(XmlmError, match="book number 67"):
-        prepare.parse_books("66-70")
+        preparation.parse_books("66-70")
 
 
 def test_read_corpus_errors(tmp_path):

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from fairseq_xmlm.zeroshot import genre
+from fairseq_xmlm.zeroshot import bible_genre, genre
 from fairseq_xmlm.zeroshot.finetune import (FinetuneConfig, SentenceClassifier, freeze_language_specific,
                                             load_pretrained, train_sentence_classifier)
 from fairseq_xmlm.zeroshot.sweep import average_of_best_two
@@ -16,14 +16,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_language_specific_parameters_stay_bitwise_unchanged(en_fr_checkpoint):
     encoder, task = load_pretrained(en_fr_checkpoint)
-    english = genre.genre_sets(task, "en")
+    english = bible_genre.genre_sets(task, "en")
     frozen = freeze_language_specific(encoder)
     owned = encoder.language_parameters()
     assert owned[0] and owned[1] and frozen == set(owned[0]) | set(owned[1])
     assert any(name.startswith("token_embeddings.1") for name in frozen)
     assert any(name.startswith("layers.0.1") for name in frozen)
     before = {name: p.detach().clone() for name, p in encoder.named_parameters()}
-    classifier = SentenceClassifier(encoder, len(genre.GENRES))
+    classifier = SentenceClassifier(encoder, len(bible_genre.GENRES))
     config = FinetuneConfig(batch_size=16, encoder_lr=1e-3, head_lr=1e-3, epochs=1)
     train_sentence_classifier(classifier, english["train"][:160], english["dev"][:32], 0, config)
     after = dict(encoder.named_parameters())

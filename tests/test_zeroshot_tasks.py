@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TIMEOUT
-from fairseq_xmlm.data.prepare import moses_tokenize
+from fairseq_xmlm.data.preparation import moses_tokenize
 from fairseq_xmlm.zeroshot import run, sweep
 from fairseq_xmlm.zeroshot.benchmark import TASKS, Benchmark
 from fairseq_xmlm.zeroshot.finetune import FinetuneConfig

@@ -1,4 +1,4 @@
-"""Static fastText skipgram vectors: the knn-replace neighbour table's embeddings (`knn_table.py`) and
+"""Static fastText skipgram vectors: the knn-replace neighbour table's embeddings (`knn_builder.py`) and
 xmlm-analyze word's baseline (`word_vectors.py`)."""
 import json
 import os

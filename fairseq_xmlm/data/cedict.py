@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from fairseq_xmlm.data.bible import cache_dir
+from fairseq_xmlm.data.cache import cache_dir
 from fairseq_xmlm.data.segment import HAN
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.io import log

@@ -1,11 +1,23 @@
-"""Running the steps of an experiment as child processes: each printed before it runs (`+ command`), none run
-under --dry-run, a failure one `error:` line (XmlmError) instead of a traceback."""
+"""What the experiments' commands share: their --seeds option, and running the steps of an experiment as child
+processes: each printed before it runs (`+ command`), none run under --dry-run, a failure one `error:` line
+(XmlmError) instead of a traceback."""
 import os
 import subprocess
 import sys
 
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.io import log
+
+
+def parse_seeds(text):
+    """--seeds '1,42,100' -> [1, 42, 100]."""
+    try:
+        seeds = [int(seed) for seed in text.split(",") if seed.strip()]
+    except ValueError:
+        raise XmlmError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise XmlmError("--seeds is empty")
+    return seeds
 
 
 def python_module(name):

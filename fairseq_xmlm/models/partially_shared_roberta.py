@@ -144,11 +144,14 @@ class TransformerLayer(nn.Module):
         return self.ffn_norm(x + self.dropout(self.ffn_out(hidden)))
 
 
-def route_by_language(modules, lang_ids, num_langs, *inputs):
+def route_by_language(modules, lang_ids, num_langs, *inputs, batch_lang=None):
     """Apply modules[l] to the rows of language l; rows of other languages never touch modules[l]. An input may be
-    None (no attention mask)."""
+    None (no attention mask). `batch_lang`: the one language of every row, known to the collater; the rows then
+    need not be found on the device (a host sync per call, 2-14 per update of a Sep row)."""
     if num_langs == 1:
         return modules[0](*inputs)
+    if batch_lang is not None:
+        return modules[batch_lang](*inputs)
     out = None
     for lang in range(num_langs):
         rows = (lang_ids == lang).nonzero().squeeze(1)
@@ -284,12 +287,13 @@ class PartiallySharedRoberta(BaseFairseqModel):
             x = x + self.language_embedding(lang_ids).unsqueeze(1)
         return self.embedding_norm(x)
 
-    def encode_layers(self, src_tokens, lang_ids=None, last_layer=None, has_padding=None):
+    def encode_layers(self, src_tokens, lang_ids=None, last_layer=None, has_padding=None, batch_lang=None):
         """List of (B, T, D) states: index 0 = embeddings after LayerNorm, index i = output of layer i.
 
         `last_layer` stops early (evaluation at layers 0 and 8 need not run the top layers). `has_padding` (known to
         the collater) False drops the attention mask, so SDPA may use the flash kernel (full 256-token streams);
-        None asks the tokens, which on a GPU waits for it.
+        None asks the tokens, which on a GPU waits for it. `batch_lang` (known to the collater): the language of
+        every row, or None.
         """
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
         keep = None if has_padding is False else src_tokens.ne(self.padding_idx)[:, None, None, :]
@@ -299,26 +303,28 @@ class PartiallySharedRoberta(BaseFairseqModel):
         states = [x]
         x = self.dropout(x)
         for copies in self.layers[:last_layer]:
-            x = route_by_language(copies, lang_ids, len(copies), x, keep)
+            x = route_by_language(copies, lang_ids, len(copies), x, keep, batch_lang=batch_lang)
             states.append(x)
         return states
 
-    def output_logits(self, features, lang_of_row):
+    def output_logits(self, features, lang_of_row, batch_lang=None):
         """features (N, D) -> logits (N, V), each row through its language's tied output embedding."""
         h = self.lm_norm(F.gelu(self.lm_dense(features)))
         if len(self.token_embeddings) == 1:
             return F.linear(h, self.token_embeddings[0].weight, self.lm_bias[0])
         heads = [partial(F.linear, weight=emb.weight, bias=bias) for emb, bias in zip(self.token_embeddings, self.lm_bias)]
-        logits = route_by_language(heads, lang_of_row, self.num_langs, h)
+        logits = route_by_language(heads, lang_of_row, self.num_langs, h, batch_lang=batch_lang)
+        if batch_lang is not None:
+            return logits.masked_fill(~self.vocab_masks[batch_lang], float("-inf"))
         return logits.masked_fill(~self.vocab_masks[lang_of_row], float("-inf"))
 
     def forward(self, src_tokens, lang_ids=None, masked_tokens=None, features_only=False, return_all_hiddens=False,
-                masked_positions=None, has_padding=None, **unused):
+                masked_positions=None, has_padding=None, batch_lang=None, **unused):
         """Logits of the positions chosen by `masked_tokens` (a (B, T) bool mask) or `masked_positions` (flat
         indices into B * T, ascending: the same rows, gathered without a host sync), else of every position."""
         lang_ids = self._check_lang_ids(src_tokens, lang_ids)
         with bf16_autocast(src_tokens.device, getattr(self.cfg, "amp_bf16", False)):
-            states = self.encode_layers(src_tokens, lang_ids, has_padding=has_padding)
+            states = self.encode_layers(src_tokens, lang_ids, has_padding=has_padding, batch_lang=batch_lang)
             extra = {"inner_states": states if return_all_hiddens else [states[-1]]}
             features = states[-1]
             if features_only:
@@ -329,7 +335,8 @@ class PartiallySharedRoberta(BaseFairseqModel):
                 lang_of_token = lang_of_token.reshape(-1).index_select(0, masked_positions)
             elif masked_tokens is not None:
                 features, lang_of_token = features[masked_tokens], lang_of_token[masked_tokens]
-            logits = self.output_logits(features.reshape(-1, features.size(-1)), lang_of_token.reshape(-1))
+            logits = self.output_logits(features.reshape(-1, features.size(-1)), lang_of_token.reshape(-1),
+                                        batch_lang)
         return logits.view(*features.shape[:-1], -1), extra
 
 

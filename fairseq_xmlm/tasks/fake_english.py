@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from fairseq import metrics
-from fairseq.data import data_utils
 from fairseq.tasks import register_task
 from omegaconf import II
 
@@ -67,14 +66,8 @@ class RandomMixedBatches(MaskedLanguageDataset):
     def ordered_indices(self):
         return np.arange(len(self))
 
-    def item_of_slot(self):
-        if not self.shuffle:
-            return None
-        epoch = self.epoch
-        if self._slot_items[0] != epoch:
-            with data_utils.numpy_seed(self.seed, epoch):
-                self._slot_items = (epoch, np.random.permutation(len(self)))
-        return self._slot_items[1]
+    def slot_items(self, order):
+        return order
 
     def collater(self, samples):
         batch = super().collater(samples)

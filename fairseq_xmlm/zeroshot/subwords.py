@@ -56,7 +56,7 @@ class PieceEncoder:
 
     def encode_sentences(self, lines, lang):
         """Raw sentences -> [piece ids] (no specials), tokenized as in pretraining."""
-        from fairseq_xmlm.data.prepare import encode_pieces, moses_tokenize
+        from fairseq_xmlm.data.preparation import encode_pieces, moses_tokenize
 
         tokens = moses_tokenize(lines, lang, self.lowercase)
         return self._ids(encode_pieces(self._model(lang), tokens, f"{lang}:" if self.prefixed else ""))
@@ -67,7 +67,7 @@ class PieceEncoder:
         A word that sentencepiece maps to no piece (e.g. a lone zero-width character) becomes one `<unk>`, so that
         every word keeps a first-subword representation.
         """
-        from fairseq_xmlm.data.prepare import encode_pieces
+        from fairseq_xmlm.data.preparation import encode_pieces
 
         unique = sorted(set(words))
         texts = [word.lower() for word in unique] if self.lowercase else unique

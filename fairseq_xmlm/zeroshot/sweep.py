@@ -57,7 +57,7 @@ def run_sweep(evaluate, grid, epochs, seed=1, epoch_size=None):
 
 
 def genre_evaluator(checkpoint, langs, max_train=None, source="en", data=None, device=None):
-    from fairseq_xmlm.zeroshot.genre import evaluate_checkpoint
+    from fairseq_xmlm.zeroshot.bible_genre import evaluate_checkpoint
 
     def evaluate(config):
         result = evaluate_checkpoint(checkpoint, langs, config, source, max_train, data, device)

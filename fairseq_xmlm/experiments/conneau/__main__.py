@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.experiments.commands import parse_seeds
 from fairseq_xmlm.experiments.conneau import recipe, report
 from fairseq_xmlm.experiments.conneau.runs import PRESETS
 from fairseq_xmlm.io import log, write_json
@@ -71,16 +72,6 @@ def status(pairs, rows, seeds, checkpoint_root, results_root):
             done = sum(run.result_path(results_root).is_file() for run in runs)
             trained = sum((run.save_dir(checkpoint_root) / "checkpoint_best.pt").is_file() for run in runs)
             print(f"{pair} {row}: {done}/{len(runs)} evaluated, {trained} with a checkpoint")
-
-
-def parse_seeds(text):
-    try:
-        seeds = [int(seed) for seed in text.split(",") if seed.strip()]
-    except ValueError:
-        raise XmlmError(f"--seeds takes comma-separated integers, got {text!r}") from None
-    if not seeds:
-        raise XmlmError("--seeds is empty")
-    return seeds
 
 
 def main_run(argv):

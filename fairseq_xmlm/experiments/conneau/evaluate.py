@@ -175,7 +175,7 @@ def genre_accuracy(checkpoint, langs, device, options):
     """{"test": {lang: accuracy}, "majority": {lang: accuracy}, "dev": ...} (fractions) of the zero-shot genre
     benchmark."""
     from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
-    from fairseq_xmlm.zeroshot.genre import genre_zero_shot
+    from fairseq_xmlm.zeroshot.bible_genre import genre_zero_shot
 
     config = FinetuneConfig(**{k: v for k, v in options.items() if k != "max_train"})
     return genre_zero_shot(str(checkpoint), None, langs[1:], device, config, options.get("max_train"))

@@ -75,15 +75,15 @@ def fetch_inputs(pairs, corpus_dir, dict_dir, dictionaries=True):
     """The Bibles (xmlm-fetch-bible's default versions) and, with `dictionaries`, each pair's MUSE dictionary
     (FreeDict, or CC-CEDICT for en-zh; pairs whose source word occurs in the English Bible and target word in the
     other one), fetched only where missing: a machine without network runs on what is there."""
-    from fairseq_xmlm.data import bible
-    from fairseq_xmlm.data.freedict import build_dictionary
+    from fairseq_xmlm.data import bible_verses
+    from fairseq_xmlm.data.bilingual_dictionary import build_dictionary
 
     corpus_dir = Path(corpus_dir)
     langs = ["en", *(pair.split("-")[1] for pair in pairs)]
     missing = [lang for lang in langs if not (corpus_dir / f"{lang}.txt").is_file()]
     if missing or not (corpus_dir / "verses.tsv").is_file():
         log(f"conneau: fetching the Bibles of {', '.join(missing or langs)} into {corpus_dir}")
-        bible.fetch_bible(corpus_dir, {lang: bible.DEFAULT_VERSION[lang] for lang in missing or langs})
+        bible_verses.fetch_bible(corpus_dir, {lang: bible_verses.DEFAULT_VERSION[lang] for lang in missing or langs})
     for pair in pairs if dictionaries else ():
         path = dictionary_path(dict_dir, pair)
         if not path.is_file():
@@ -92,7 +92,7 @@ def fetch_inputs(pairs, corpus_dir, dict_dir, dictionaries=True):
 
 
 def _prepare_one(job):
-    from fairseq_xmlm.data.prepare import prepare_pair
+    from fairseq_xmlm.data.preparation import prepare_pair
 
     corpus_dir, langs, kind, vocab, out, codeswitch = job
     mode = "joint" if kind in ("joint", "codeswitch") else kind

@@ -105,12 +105,12 @@ def table_markdown(summary):
              "cosine in the model's own space; aligned: the same after a Procrustes map learned on training "
              "verses; translation: word translation P@1 (%), Procrustes + CSLS; alignment: contextual word "
              "alignment accuracy (%); genre: zero-shot genre accuracy (%) in the other language, majority baseline "
-             "in brackets; "
+             "in brackets; genre en: the same classifier on English (in-language); "
              "ppl en: English dev perplexity. Paper Δ: the paper's change of XNLI / NER / parsing against Default.",
              ""]
     for pair, rows in summary["pairs"].items():
         lines += [f"## {pair}", "", "| row | retrieval | Δ | aligned | translation | alignment | genre (majority) | "
-                  "ppl en | paper Δ XNLI/NER/parsing |", "|---|---|---|---|---|---|---|---|---|"]
+                  "genre en | ppl en | paper Δ XNLI/NER/parsing |", "|---|---|---|---|---|---|---|---|---|---|"]
         default = rows.get("default", {}).get("retrieval")
         for row, setting in SETTINGS.items():
             if row not in rows:
@@ -120,10 +120,11 @@ def table_markdown(summary):
                 else "-"
             genre = (f"{entry['genre'] * 100:.1f} ({entry['genre_majority'] * 100:.1f})" if "genre" in entry
                      else "-")
+            genre_en = f"{entry['genre_en'] * 100:.1f}" if "genre_en" in entry else "-"
             paper = "/".join(f"{d:+.1f}" for d in PAPER_TABLE1[row]["delta"])
             lines.append(f"| {setting.label} | {_cell(entry, 'retrieval')} | {delta} | "
                          f"{_cell(entry, 'retrieval_aligned')} | {_cell(entry, 'translation')} | "
-                         f"{_cell(entry, 'alignment')} | {genre} | "
+                         f"{_cell(entry, 'alignment')} | {genre} | {genre_en} | "
                          f"{entry['ppl_en']:.1f} | {paper} |")
         lines.append("")
     return "\n".join(lines)

@@ -42,7 +42,7 @@ CURVE_IDS = ("0", "15", "30")  # Fig. 6/7: trained with the multilinguality vali
 @dataclass(frozen=True)
 class Schedule:
     """How long a run trains: its batch size and epochs (times the preset's), on the sentences or on clause units
-    (`data.prepare.prepare_fake_english_clauses`)."""
+    (`data.preparation.prepare_fake_english_clauses`)."""
 
     description: str
     batch_size: int = 256

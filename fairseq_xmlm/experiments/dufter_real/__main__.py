@@ -18,6 +18,7 @@ import os
 import sys
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.experiments.commands import parse_seeds
 from fairseq_xmlm.experiments.dufter_real import recipe, report
 from fairseq_xmlm.experiments.dufter_real.runs import LANGS, PRESETS, settings
 from fairseq_xmlm.io import log, write_json
@@ -48,16 +49,6 @@ def evaluate_main(argv):
     result = evaluate_run(args.checkpoint, options, args.device)
     write_json(args.out, {"setting": args.setting, "seed": args.seed, **result})
     log(f"dufter table 3: wrote {args.out}")
-
-
-def parse_seeds(text):
-    try:
-        seeds = [int(seed) for seed in text.split(",") if seed.strip()]
-    except ValueError:
-        raise XmlmError(f"--seeds takes comma-separated integers, got {text!r}") from None
-    if not seeds:
-        raise XmlmError("--seeds is empty")
-    return seeds
 
 
 def main_run(argv):

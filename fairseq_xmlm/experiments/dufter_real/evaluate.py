@@ -1,7 +1,7 @@
 """The numbers of one trained run of Table 3.
 
 - genre: zero-shot Bible-genre accuracy (fine-tuned on the first language's verses of the genre training books,
-  language-specific parameters frozen; `zeroshot.genre.genre_zero_shot`) on the held-out books of every language,
+  language-specific parameters frozen; `zeroshot.bible_genre.genre_zero_shot`) on the held-out books of every language,
   in-language for the first, beside the majority-class baseline;
 - retrieval: per other language and layer (0 = embeddings), P@1 of finding a test verse's translation among all
   test verses of the other side by cosine of mean-pooled states, both directions averaged (first language against
@@ -45,7 +45,7 @@ def evaluate_run(checkpoint, genre_options, device=None):
     """{"langs", "genre": {"test", "majority", "dev"}, "retrieval": {lang: {layer: P@1}}, "curve"}."""
     from fairseq_xmlm.checkpoints import load_checkpoint
     from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
-    from fairseq_xmlm.zeroshot.genre import GENRE_CONFIG, genre_zero_shot
+    from fairseq_xmlm.zeroshot.bible_genre import GENRE_CONFIG, genre_zero_shot
 
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_xmlm.data import bible
+from fairseq_xmlm.data.bible_verses import DEFAULT_VERSION
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.dufter_real.runs import KNN_PER_LANGUAGE, PRESETS, settings
 from fairseq_xmlm.experiments.word_order.recipe import fetch_bibles
@@ -39,8 +39,8 @@ class Run:
 
 def parse_langs(text):
     langs = [lang.strip() for lang in text.split(",") if lang.strip()]
-    if len(langs) < 2 or len(set(langs)) != len(langs) or any(lang not in bible.DEFAULT_VERSION for lang in langs):
-        raise XmlmError(f"--langs takes two or more distinct languages of {', '.join(bible.DEFAULT_VERSION)}, "
+    if len(langs) < 2 or len(set(langs)) != len(langs) or any(lang not in DEFAULT_VERSION for lang in langs):
+        raise XmlmError(f"--langs takes two or more distinct languages of {', '.join(DEFAULT_VERSION)}, "
                         f"the fine-tuning one first (en,de,hi); got {text!r}")
     return langs
 
@@ -56,9 +56,9 @@ def parse_settings(text, langs):
 
 def prepare_data(corpus_dir, langs, preset, data_dir):
     """The Bibles (xmlm-fetch-bible's default versions: BBE, Schlachter, Hindi IRV, ...) and the data-bin."""
-    from fairseq_xmlm.data.prepare import prepare_pair
+    from fairseq_xmlm.data.preparation import prepare_pair
 
-    fetch_bibles(corpus_dir, {lang: bible.DEFAULT_VERSION[lang] for lang in langs})
+    fetch_bibles(corpus_dir, {lang: DEFAULT_VERSION[lang] for lang in langs})
     if not (Path(data_dir) / "meta.json").is_file():
         log(f"dufter table 3: preparing {data_dir} (one BPE of {PRESETS[preset]['vocab']} pieces per language)")
         prepare_pair(corpus_dir, list(langs), "prefixed", PRESETS[preset]["vocab"], data_dir,
@@ -72,7 +72,7 @@ def knn_table_path(data_dir, vectors):
 def build_knn_tables(data_dir, langs, preset, seed=1, threads=None):
     """Both neighbour tables (mapped fastText, the paper's; verse-ID Dice) and DIR.knn.json: how often the fastText
     neighbours hold the verse-ID first neighbour, against chance (the mapping's quality on this corpus)."""
-    from fairseq_xmlm.analysis.knn_table import build_multilingual_table, neighbour_agreement, save_table
+    from fairseq_xmlm.analysis.knn_builder import build_multilingual_table, neighbour_agreement, save_table
 
     options = PRESETS[preset]["knn"]
     threads = threads or max(1, min(8, torch.get_num_threads()))

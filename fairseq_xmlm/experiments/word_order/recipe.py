@@ -19,14 +19,14 @@ import numpy as np
 import torch
 
 from fairseq_xmlm.analysis.word_order import chance_kendall_tau_distance, kendall_tau_distance, match_alignment
-from fairseq_xmlm.data import bible
+from fairseq_xmlm.data import bible_verses
 from fairseq_xmlm.data.corpus import read_corpus
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.commands import python_module, run_command
 from fairseq_xmlm.experiments.word_order.alignments import MappedFastText, VerseIdDice, verse_words
 from fairseq_xmlm.experiments.word_order.runs import ENGLISH, OTHER_BIBLES, PRESETS, VERSION_OF
 from fairseq_xmlm.io import log, replace_atomically, write_atomic, write_json
-from fairseq_xmlm.zeroshot.genre import TEST_BOOKS
+from fairseq_xmlm.zeroshot.bible_genre import TEST_BOOKS
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2]
 VECTORS = ("verse_ids", "fasttext")
@@ -50,7 +50,7 @@ def parse_bibles(text, english=ENGLISH):
     if english in versions:
         raise XmlmError(f"{english} is the reference every language is compared with; another English Bible "
                         "is given as LABEL:CODE, e.g. en_web:4")
-    bible.check_versions(versions)
+    bible_verses.check_versions(versions)
     return versions
 
 
@@ -59,12 +59,12 @@ def fetch_bibles(corpus_dir, versions):
     corpus_dir = Path(corpus_dir)
     missing = {label: code for label, code in versions.items() if not (corpus_dir / f"{label}.txt").is_file()}
     if missing or not (corpus_dir / "verses.tsv").is_file():
-        bible.fetch_bible(corpus_dir, missing or versions)
+        bible_verses.fetch_bible(corpus_dir, missing or versions)
 
 
 def book_numbers(spec):
     """'all' -> None, else prepare's book list ('Genesis,40-43')."""
-    from fairseq_xmlm.data.prepare import parse_books
+    from fairseq_xmlm.data.preparation import parse_books
 
     return None if spec == "all" else set(parse_books(spec))
 
@@ -72,9 +72,9 @@ def book_numbers(spec):
 def read_verses(corpus_dir, label, lines):
     """The words of the Bible `label` on the 0-based `lines`."""
     text = read_corpus(Path(corpus_dir) / f"{label}.txt")
-    if len(text) != bible.NUM_VERSES:
+    if len(text) != bible_verses.NUM_VERSES:
         raise XmlmError(f"{Path(corpus_dir) / label}.txt has {len(text)} lines, not one per verse "
-                        f"({bible.NUM_VERSES}): write it with xmlm-fetch-bible")
+                        f"({bible_verses.NUM_VERSES}): write it with xmlm-fetch-bible")
     return [verse_words(text[line], label) for line in lines]
 
 
@@ -174,7 +174,7 @@ def run_word_order(corpus_dir, out_dir, settings):
         return {label: done[label] for label in versions}
     fetch_bibles(corpus_dir, {english: settings["english_version"], **versions})
     books = book_numbers(settings["books"])
-    books_of_lines = [book for book, _, _ in bible.read_verse_table(corpus_dir)]
+    books_of_lines = [book for book, _, _ in bible_verses.read_verse_table(corpus_dir)]
     lines = [line for line, book in enumerate(books_of_lines) if books is None or book in books]
     english_all = read_verses(corpus_dir, english, lines)
     measured = sample_lines(books_of_lines, english_all, lines, settings["verses"], settings["seed"])
@@ -200,7 +200,7 @@ def run_word_order(corpus_dir, out_dir, settings):
                                         **settings["mapping"])
         foreign_measured = [foreign_all[position[line]] for line in measured]
         results[label] = {**mean_word_order(similarity, english_measured, foreign_measured),
-                          "version": bible.VERSIONS[versions[label]][1]}
+                          "version": bible_verses.VERSIONS[versions[label]][1]}
         log(f"word order: {label} Kendall's tau {results[label]['kendall_tau']:.3f} "
             f"(chance {results[label]['chance']:.3f}, {results[label]['verses']} verses)")
         write_json(record_path, {"settings": settings, "languages": {**done, **results}})
@@ -256,9 +256,9 @@ def train_and_evaluate(corpus_dir, labels, work_dir, preset, seed=1):
     a language, `fr_o`, is left out: one Bible per language), train it, run the genre benchmark (written as
     xmlm-genre writes it: work_dir/genre.md and genre.json); returns the JSON's path. Each step is skipped when its
     output exists (fairseq-train resumes, or returns at once when its schedule is done)."""
-    from fairseq_xmlm.data.prepare import prepare_pair
+    from fairseq_xmlm.data.preparation import prepare_pair
     from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
-    from fairseq_xmlm.zeroshot.genre import GENRE_CONFIG, evaluate_checkpoint, results_table
+    from fairseq_xmlm.zeroshot.bible_genre import GENRE_CONFIG, evaluate_checkpoint, results_table
 
     suffixed = [label for label in labels if "_" in label]
     if suffixed:

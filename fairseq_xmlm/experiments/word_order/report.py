@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fairseq_xmlm.data import bible
+from fairseq_xmlm.data import bible_verses
 from fairseq_xmlm.experiments.word_order.runs import ENGLISH, PAPER_PEARSON, PAPER_TABLE4
 from fairseq_xmlm.io import write_atomic, write_json
 from fairseq_xmlm.plotting import pyplot, save_png
@@ -65,7 +65,7 @@ VECTOR_NOTES = {
 
 
 def table_markdown(summary, word_order, settings, zero_shot=None):
-    english = f"{settings['english']} ({bible.VERSIONS[settings['english_version']][1]})"
+    english = f"{settings['english']} ({bible_verses.VERSIONS[settings['english_version']][1]})"
     note = (f"Kendall's tau (Birch & Osborne: 1 - sqrt(discordant pairs / all pairs); 1 = English word order) of "
             f"Match alignments between {english} and each Bible, mean over up to {settings['verses']} verses of "
             f"the genre benchmark's test books (books: {settings['books']}); word similarities from "

