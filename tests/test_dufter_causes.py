@@ -100,7 +100,7 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
     assert plan[causes.BASELINE] == ["0", "1", "2", "4", "7"] and plan["no-random-.9"] == ["4", "7"]
     assert "indomain-dev" not in plan  # evaluated, not trained
     capsys.readouterr()
-    monkeypatch.setattr(causes.recipe, "has_cuda", lambda: True)  # the packed plan
+    monkeypatch.setattr(causes.recipe, "has_gpu", lambda: True)  # the packed plan
     main(["causes", "--preset", "small", "--data", str(fake_english_data), "--results", str(tmp_path), "--dry-run"])
     trained = [line for line in capsys.readouterr().err.splitlines() if "fairseq_cli.train" in line]
     assert len(trained) == 2 * sum(map(len, plan.values()))  # two seeds

@@ -89,7 +89,7 @@ def test_gpu_pack_eval_cpu_gives_bert_small_runs_an_evaluation_on_the_cpu(fake_e
     monkeypatch.setattr(processes, "train_side_by_side",
                         lambda jobs, workdir, max_group, **options: seen.update(options, training=jobs))
     for gpu in (False, True):
-        monkeypatch.setattr(recipe, "has_cuda", lambda: gpu)
+        monkeypatch.setattr(recipe, "has_gpu", lambda: gpu)
         sweep.run_all_packed([("0", 0), ("15", 0), ("18", 0)], fake_english_data, tmp_path / "runs", tmp_path,
                              PRESETS["full"], tmp_path / "knn_table.pt", slots=8, max_group=40, dry_run=False,
                              eval_cpu=True)
@@ -108,7 +108,7 @@ def test_gpu_pack_eval_cpu_gives_bert_small_runs_an_evaluation_on_the_cpu(fake_e
 
 def test_evaluations_on_a_gpu_use_tf32_products_and_those_on_the_cpu_do_not(tmp_path, monkeypatch):
     for gpu in (False, True):
-        monkeypatch.setattr(recipe, "has_cuda", lambda: gpu)
+        monkeypatch.setattr(recipe, "has_gpu", lambda: gpu)
         default, on_cpu = (recipe.evaluate_command("0", tmp_path, tmp_path, PRESETS["full"], on_cpu=flag)
                            for flag in (False, True))
         assert ("--tf32" in default) == gpu and "--tf32" not in on_cpu and on_cpu[-2:] == ["--device", "cpu"]

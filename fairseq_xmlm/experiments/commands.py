@@ -1,4 +1,4 @@
-"""What the experiments' commands share: their --seeds option, and running the steps of an experiment as child
+"""What the experiments' commands share: their --seeds option, the --max-update of a preset, and running the steps of an experiment as child
 processes: each printed before it runs (`+ command`), none run under --dry-run, a failure one `error:` line
 (XmlmError) instead of a traceback."""
 import os
@@ -18,6 +18,12 @@ def parse_seeds(text):
     if not seeds:
         raise XmlmError("--seeds is empty")
     return seeds
+
+
+def updates_of(train_args):
+    """A fairseq-train argv's --max-update (the last one given wins, as in fairseq's parser); None without one."""
+    values = [train_args[k + 1] for k, arg in enumerate(train_args[:-1]) if arg == "--max-update"]
+    return int(values[-1]) if values else None
 
 
 def python_module(name):

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fairseq_xmlm.devices import default_device
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.evaluation.encode import pad_batch
 from fairseq_xmlm.io import log
@@ -63,11 +64,6 @@ class FinetuneConfig:
             raise XmlmError("batch size and epochs must be at least 1")
         if self.epoch_size is not None and self.epoch_size < 1:
             raise XmlmError(f"epoch size {self.epoch_size} must be at least 1 (or None: one pass)")
-
-
-def default_device():
-    """The GPU when there is one, else the CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def resolve_device(name):

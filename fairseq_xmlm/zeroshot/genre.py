@@ -17,7 +17,8 @@ from fairseq_xmlm.zeroshot.bible_genre import GENRE_CONFIG, evaluate_checkpoint,
 
 @cli_errors
 def main(argv=None):
-    from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig, default_device
+    from fairseq_xmlm.devices import default_device
+    from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig
 
     parser = argparse.ArgumentParser(prog="xmlm-genre", description="Bible genre classification: fine-tune on "
                                      "English, evaluate zero-shot on held-out books in other languages.")

@@ -14,10 +14,11 @@ NER and parsing epochs are passes.
 """
 import argparse
 
+from fairseq_xmlm.devices import default_device
 from fairseq_xmlm.errors import cli_errors
 from fairseq_xmlm.io import write_json
 from fairseq_xmlm.zeroshot.benchmark import DEFAULT_CONFIG, TASKS, benchmark_from_args
-from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig, default_device
+from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig
 
 
 def add_benchmark_arguments(parser):

@@ -94,7 +94,7 @@ def sweep_table(title, runs, selected, averages, source="en"):
 @cli_errors
 def main(argv=None):
     from fairseq_xmlm.zeroshot import benchmark
-    from fairseq_xmlm.zeroshot.finetune import default_device
+    from fairseq_xmlm.devices import default_device
 
     parser = argparse.ArgumentParser(description="Fine-tuning grid; average of the best two settings on English dev.")
     parser.add_argument("--task", choices=("genre", *benchmark.TASKS), default="genre")

@@ -15,8 +15,9 @@ import os
 import sys
 from pathlib import Path
 
+from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import XmlmError, cli_errors
-from fairseq_xmlm.experiments.commands import parse_seeds
+from fairseq_xmlm.experiments.commands import parse_seeds, updates_of
 from fairseq_xmlm.experiments.conneau import recipe, report
 from fairseq_xmlm.experiments.conneau.runs import PRESETS
 from fairseq_xmlm.io import log, write_json
@@ -29,12 +30,6 @@ GENRE_OPTIONS = {
     "bible": {"max_train": 8000, "epochs": 3, "batch_size": 32},
     "paper": {"max_train": 8000, "epochs": 3, "batch_size": 32},
 }
-
-
-def updates_of(train_args):
-    """The run's --max-update (the last one given wins, as in fairseq's parser)."""
-    values = [train_args[k + 1] for k, arg in enumerate(train_args[:-1]) if arg == "--max-update"]
-    return int(values[-1]) if values else None
 
 
 def evaluate_main(argv):
@@ -123,7 +118,7 @@ def main_run(argv):
         recipe.prepare_data(runs, args.preset, args.corpus_dir, args.data_root, args.dict_dir)
         if args.prepare_only:
             return
-        slots = args.slots or (min(len(runs), os.cpu_count() or 1) if recipe.on_gpu() else 1)
+        slots = args.slots or (min(len(runs), os.cpu_count() or 1) if has_gpu() else 1)
         options = ["--genre-options", json.dumps(GENRE_OPTIONS[args.preset])]
         options += ["--no-genre"] * args.no_genre
         options += ["--no-dict"] * args.no_dictionary

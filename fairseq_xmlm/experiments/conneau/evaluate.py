@@ -21,16 +21,13 @@ from pathlib import Path
 
 import torch
 
+from fairseq_xmlm.devices import default_device
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.io import log
 
 VALID_LINE = re.compile(r"valid on 'valid_en' subset \|.*?\| ppl ([0-9.]+) \|.*?\| num_updates (\d+)")
 INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")
 ALIGN_VERSES = 5000
-
-
-def default_device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def retrieval_by_layer(model, task, split="test", device=None):

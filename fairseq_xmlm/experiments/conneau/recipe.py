@@ -14,8 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.conneau.runs import PRESETS, SETTINGS
 from fairseq_xmlm.io import log
@@ -128,15 +127,11 @@ def prepare_data(runs, preset, corpus_dir, data_root, dict_dir, workers=None):
         list(pool.map(_prepare_one, jobs.values()))
 
 
-def on_gpu():
-    return torch.cuda.is_available()
-
-
 def train_command(run, preset, data_root, checkpoint_root, extra=()):
     """fairseq-train's argv for one run. On a GPU: fp16 with fp32 master weights kept by xmlm_adamw (one flat
     tensor), the criterion that never waits for the host; on a CPU the same optimizer in fp32."""
     setting = SETTINGS[run.row]
-    device = ["--fp16", "--memory-efficient-fp16"] if on_gpu() else ["--cpu"]
+    device = ["--fp16", "--memory-efficient-fp16"] if has_gpu() else ["--cpu"]
     langs = run.langs
     return [
         sys.executable, "-m", "fairseq_cli.train", str(data_dir(data_root, run.pair, setting.data)),

@@ -106,7 +106,7 @@ def main(argv=None):
     if args.report:
         report.write_report(runs_dir, results, base_data, ids, setting)
         return
-    if args.gpu_pack and not args.dry_run and not recipe.has_cuda():  # bf16 stacked models on a CPU: hours per run
+    if args.gpu_pack and not args.dry_run and not recipe.has_gpu():  # bf16 stacked models on a CPU: hours per run
         raise XmlmError("--gpu-pack trains on a GPU and none is visible here; without --gpu-pack each run is a "
                         "fairseq-train on the CPU")
     if args.gpu_pack and args.train_args:

@@ -99,7 +99,7 @@ def needed(causes, ids):
 def train_all(plan, seeds, data, results, preset, dry_run):
     """Train and evaluate every (setting, run ID, seed) not yet evaluated: packed on a GPU, else one fairseq-train
     after another."""
-    packed = recipe.has_cuda()
+    packed = recipe.has_gpu()
     jobs = {}  # precision -> (training jobs, side jobs)
     for name, run_ids in plan.items():
         setting = SETTINGS[name]

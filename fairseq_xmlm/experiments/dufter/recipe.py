@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.experiments.commands import python_module, run_command
 from fairseq_xmlm.experiments.dufter.runs import BATCH_SIZE, CURVE_IDS, KNN_NEIGHBOURS, RUNS, SCHEDULES
 from fairseq_xmlm.io import log
@@ -17,12 +18,6 @@ from fairseq_xmlm.io import log
 PACKAGE = Path(__file__).resolve().parents[2]  # fairseq_xmlm/, the --user-dir of every training
 REPO = PACKAGE.parent  # the default home of data/, data-bin/ and results/ (an editable install)
 BIBLE = REPO / "data" / "bible_dufter"
-
-
-def has_cuda():
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def ensure_data(data, dry_run):
@@ -112,7 +107,7 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
         command += ["--max-update", preset["max_update"]]
     if preset.get("valid_steps"):  # the dev loss on a few batches, not all 10k sentences, at every validation
         command += ["--max-valid-steps", preset["valid_steps"]]
-    if os.environ.get("XMLM_CPU", "") == "1" or not has_cuda():
+    if os.environ.get("XMLM_CPU", "") == "1" or not has_gpu():
         command += ["--cpu", "--num-workers", "0"]
     return command + extra + list(train_args)
 
@@ -133,7 +128,7 @@ def evaluate_command(run_id, run_dir, data, preset, on_cpu=False, name="eval.jso
         return ["nice", "-n", "19", "env", "OMP_NUM_THREADS=2", *command, "--device", "cpu"]
     # TF32 products: half the GPU time of a BERT-base evaluation, which slows the training team beside it while it
     # runs; the metrics moved by 1e-5 or less (eval_mult --tf32)
-    return command + (["--tf32"] if has_cuda() else [])
+    return command + (["--tf32"] if has_gpu() else [])
 
 
 def evaluate_indomain(pending, runs_dir, data, preset, dry_run):
@@ -146,7 +141,7 @@ def evaluate_indomain(pending, runs_dir, data, preset, dry_run):
         if (run_dir / "eval_indomain.json").exists() or not (dry_run or checkpoint_of(run_id, run_dir).exists()):
             continue
         commands.append(evaluate_command(run_id, run_dir, data, preset, name="eval_indomain.json"))
-    if dry_run or not has_cuda():
+    if dry_run or not has_gpu():
         for command in commands:
             run_command(command, dry_run)
         return

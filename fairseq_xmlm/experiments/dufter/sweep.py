@@ -97,7 +97,7 @@ def run_all_packed(pending, data, runs_dir, results, preset, knn_table, slots, m
         if training:
             # the validations' products in TF32 on a GPU, as the evaluations' (recipe.evaluate_command)
             processes.train_side_by_side(training, results / "pack", max_group, precision=precision, slots=slots,
-                                         compile=compile, lockstep=lockstep, tf32=recipe.has_cuda())
+                                         compile=compile, lockstep=lockstep, tf32=recipe.has_gpu())
         stages["training_and_evaluation_s"] = time.perf_counter() - started
     except BaseException:
         training_failed.set()  # its untrained runs and evaluations stop too

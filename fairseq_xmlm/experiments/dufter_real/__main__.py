@@ -17,8 +17,9 @@ import argparse
 import os
 import sys
 
+from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import XmlmError, cli_errors
-from fairseq_xmlm.experiments.commands import parse_seeds
+from fairseq_xmlm.experiments.commands import parse_seeds, updates_of
 from fairseq_xmlm.experiments.dufter_real import recipe, report
 from fairseq_xmlm.experiments.dufter_real.runs import LANGS, PRESETS, settings
 from fairseq_xmlm.io import log, write_json
@@ -74,8 +75,7 @@ def main_run(argv):
     names = recipe.parse_settings(args.settings, langs)
     seeds = parse_seeds(args.seeds) if args.seeds else list(PRESETS[args.preset]["seeds"])
     train_extra = args.train_args.split()
-    train_args = PRESETS[args.preset]["train"] + train_extra
-    updates = int([value for flag, value in zip(train_args, train_args[1:]) if flag == "--max-update"][-1])
+    updates = updates_of(PRESETS[args.preset]["train"] + train_extra)
     if not args.report:
         runs = recipe.runs_to_do(names, seeds, args.results)
         recipe.prepare_data(args.corpus_dir, langs, args.preset, args.data_dir)
@@ -84,7 +84,7 @@ def main_run(argv):
             log(f"dufter table 3: knn-replace from {args.knn_vectors}; mapped fastText neighbours hold the "
                 f"verse-ID first neighbour for {knn['fasttext_hits_verse_id_first']:.1%} of the symbols "
                 f"(chance {knn['chance']:.1%})")
-        slots = args.slots or (len(runs) if recipe.on_gpu() else 1)
+        slots = args.slots or (len(runs) if has_gpu() else 1)
         recipe.train_and_evaluate(runs, langs, args.preset, args.data_dir, args.checkpoint_root, args.results,
                                   max(1, min(slots, os.cpu_count() or 1)), args.knn_vectors, train_extra)
     labels = {name: setting.label for name, setting in settings(langs).items()}

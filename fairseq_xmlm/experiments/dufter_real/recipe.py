@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from fairseq_xmlm.data.bible_verses import DEFAULT_VERSION
+from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.dufter_real.runs import KNN_PER_LANGUAGE, PRESETS, settings
 from fairseq_xmlm.experiments.word_order.recipe import fetch_bibles
@@ -95,14 +96,10 @@ def build_knn_tables(data_dir, langs, preset, seed=1, threads=None):
     return json.loads(report.read_text())
 
 
-def on_gpu():
-    return torch.cuda.is_available()
-
-
 def train_command(run, langs, preset, data_dir, checkpoint_root, knn_vectors, extra=()):
     """fairseq-train's argv for one run (fp16 with fp32 master weights in xmlm_adamw on a GPU)."""
     setting = settings(langs)[run.setting]
-    device = ["--fp16", "--memory-efficient-fp16"] if on_gpu() else ["--cpu"]
+    device = ["--fp16", "--memory-efficient-fp16"] if has_gpu() else ["--cpu"]
     knn = ["--knn-table", str(knn_table_path(data_dir, knn_vectors))] if setting.knn else []
     save_dir = run.save_dir(checkpoint_root)
     return [
