@@ -9,13 +9,13 @@ Layout under the three roots: data_root/<l1>_<l2>_<kind>/, checkpoint_root/<pair
 results_root/<pair>/<row>/seed<S>.json.
 """
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.experiments.commands import python_module
 from fairseq_xmlm.experiments.conneau.runs import PRESETS, SETTINGS
 from fairseq_xmlm.io import log
 
@@ -134,7 +134,7 @@ def train_command(run, preset, data_root, checkpoint_root, extra=()):
     device = ["--fp16", "--memory-efficient-fp16"] if has_gpu() else ["--cpu"]
     langs = run.langs
     return [
-        sys.executable, "-m", "fairseq_cli.train", str(data_dir(data_root, run.pair, setting.data)),
+        *python_module("fairseq_cli.train"), str(data_dir(data_root, run.pair, setting.data)),
         "--user-dir", str(PLUGIN_DIR), "--task", "bilingual_mlm", "--langs", ",".join(langs),
         "--arch", "xmlm_conneau", "--criterion", "xmlm_masked_lm", "--optimizer", "xmlm_adamw",
         "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6", "--lr-scheduler", "inverse_sqrt",
@@ -147,7 +147,7 @@ def train_command(run, preset, data_root, checkpoint_root, extra=()):
 
 
 def evaluate_command(run, checkpoint_root, results_root, dict_dir, options=()):
-    return [sys.executable, "-m", "fairseq_xmlm.experiments.conneau", "evaluate",
+    return [*python_module("fairseq_xmlm.experiments.conneau"), "evaluate",
             "--checkpoint", str(run.save_dir(checkpoint_root) / "checkpoint_best.pt"),
             "--out", str(run.result_path(results_root)), "--row", run.row, "--seed", str(run.seed),
             "--dict", str(dictionary_path(dict_dir, run.pair)), *options]

@@ -9,7 +9,6 @@ Layout: data_root/ (data-bin, knn_<vectors>.pt, knn.json), checkpoint_root/<sett
 results_root/<setting>/seed<S>.json.
 """
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 from fairseq_xmlm.data.bible_verses import DEFAULT_VERSION
 from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.experiments.commands import python_module
 from fairseq_xmlm.experiments.dufter_real.runs import KNN_PER_LANGUAGE, PRESETS, settings
 from fairseq_xmlm.experiments.word_order.recipe import fetch_bibles
 from fairseq_xmlm.io import log, write_json
@@ -103,7 +103,7 @@ def train_command(run, langs, preset, data_dir, checkpoint_root, knn_vectors, ex
     knn = ["--knn-table", str(knn_table_path(data_dir, knn_vectors))] if setting.knn else []
     save_dir = run.save_dir(checkpoint_root)
     return [
-        sys.executable, "-m", "fairseq_cli.train", str(data_dir), "--user-dir", str(PLUGIN_DIR),
+        *python_module("fairseq_cli.train"), str(data_dir), "--user-dir", str(PLUGIN_DIR),
         "--task", "bilingual_mlm", "--langs", ",".join(langs), "--arch", "xmlm_bert_base",
         "--criterion", "xmlm_masked_lm", "--optimizer", "xmlm_adamw", "--adam-betas", "(0.9,0.98)",
         "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr-scheduler", "inverse_sqrt",
@@ -115,7 +115,7 @@ def train_command(run, langs, preset, data_dir, checkpoint_root, knn_vectors, ex
 
 
 def evaluate_command(run, checkpoint_root, results_root, preset):
-    return [sys.executable, "-m", "fairseq_xmlm.experiments.dufter_real", "evaluate",
+    return [*python_module("fairseq_xmlm.experiments.dufter_real"), "evaluate",
             "--checkpoint", str(run.save_dir(checkpoint_root) / "checkpoint_last.pt"),
             "--out", str(run.result_path(results_root)), "--setting", run.setting, "--seed", str(run.seed),
             "--genre-options", json.dumps({**PRESETS[preset]["genre"], "seed": run.seed})]
