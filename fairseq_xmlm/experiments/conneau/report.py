@@ -118,7 +118,7 @@ def table_markdown(summary):
             entry = rows[row]
             delta = f"{(entry['retrieval'] - default) * 100:+.1f}" if default is not None and "retrieval" in entry \
                 else "-"
-            genre = (f"{entry['genre'] * 100:.1f} ({entry['genre_majority'] * 100:.1f})" if "genre" in entry
+            genre = (f"{_cell(entry, 'genre')} ({entry['genre_majority'] * 100:.1f})" if "genre" in entry
                      else "-")
             genre_en = f"{entry['genre_en'] * 100:.1f}" if "genre_en" in entry else "-"
             paper = "/".join(f"{d:+.1f}" for d in PAPER_TABLE1[row]["delta"])
