@@ -270,6 +270,7 @@ COMMANDS = {
         ("data-bin", ["dict-latin-1", "bin-truncated"], "quick --ids 0 --data {bad} --results {out}"),
         ("data-bin", ["bin-truncated"], "export-stock --data {bad} --out {out}"),
         ("data-bin", ["dict-latin-1"], "causes --preset tiny --data {bad} --results {out}"),
+        ("data-bin", ["dict-latin-1"], "stock-compare tiny --data {bad} --results {out}"),
     ],
     "-m fairseq_xmlm.experiments.dufter_real": [
         ("checkpoint", ["truncated"], "evaluate --checkpoint {bad} --out {out}/r.json"),

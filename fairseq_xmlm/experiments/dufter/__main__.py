@@ -5,6 +5,7 @@
         [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
     python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N]   (causes.py)
     python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
+    python -m fairseq_xmlm.experiments.dufter stock-compare [full|tiny]                       (stock_compare.py)
 
 For every run ID (runs.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
 into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
-from fairseq_xmlm.experiments.dufter import causes, recipe, report, stock, sweep
+from fairseq_xmlm.experiments.dufter import causes, recipe, report, stock, stock_compare, sweep
 from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS,
                                                   TABLE1_IDS, TABLE2_IDS)
 
@@ -86,6 +87,8 @@ def main(argv=None):
         return causes.main(argv[1:])
     if argv[:1] == ["export-stock"]:
         return stock.main(argv[1:])
+    if argv[:1] == ["stock-compare"]:
+        return stock_compare.main(argv[1:])
     args = parse_args(argv)
     preset = recipe.scheduled(PRESETS[args.preset], args.schedule)
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
