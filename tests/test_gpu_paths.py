@@ -257,6 +257,22 @@ def test_run_jobs_spreads_runs_over_gpus_by_memory(tmp_path):
     assert float(started[4]) >= min(map(float, ended[:4]))  # timing-free: it waited for an end
 
 
+def test_several_gpus_names_them_as_this_process_was_given_them(monkeypatch):
+    """A job shown GPU "1" of a process that was given GPUs 4 and 5 would see the machine's second GPU, not its own:
+    the names come from the inherited CUDA_VISIBLE_DEVICES."""
+    import torch
+
+    from fairseq_xmlm.packed.processes import several_gpus
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 5")
+    assert several_gpus() == ["4", "5"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert several_gpus() == ["0", "1"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert several_gpus() is None  # one GPU: every job sees it
+
+
 def test_run_jobs_puts_at_most_fills_per_gpu_runs_that_fill_one_on_it(tmp_path):
     """Runs that fill a GPU: at most fills_per_gpu of them at once on the one GPU, while the others start beside."""
     script = "import sys,time;print(time.time());time.sleep(float(sys.argv[1]));print(time.time())"

@@ -149,11 +149,17 @@ def _place(pending, running, jobs, capacity, devices, fills_per_gpu):
 
 
 def several_gpus():
-    """The indices of the visible GPUs when there are several (for `run_jobs(devices=...)`), else None."""
+    """The names CUDA_VISIBLE_DEVICES gives the visible GPUs when there are several (for `run_jobs(devices=...)`,
+    which shows each job one of them), else None: a CUDA_VISIBLE_DEVICES of this process's environment is kept to
+    (its entries, not 0..N-1), so that a job never sees a GPU this process was not given. One GPU per job also
+    keeps fairseq-train from starting data-parallel training over every GPU it sees."""
     import torch
 
     count = torch.cuda.device_count()
-    return list(range(count)) if count > 1 else None
+    if count < 2:
+        return None
+    given = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return [name.strip() for name in given.split(",")][:count] if given else [str(index) for index in range(count)]
 
 
 def train_side_by_side(jobs, workdir, max_group=40, precision="bf16", slots=0, compile=None, cuda_graphs=None,

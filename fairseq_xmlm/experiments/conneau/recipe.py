@@ -162,7 +162,7 @@ def runs_to_do(pairs, rows, seeds, results_root):
 def train_and_evaluate(runs, preset, data_root, checkpoint_root, results_root, dict_dir, slots, log_dir,
                        train_extra=(), evaluate_options=()):
     """Train the runs side by side (at most `slots` processes), each one's evaluation starting when it ends."""
-    from fairseq_xmlm.packed.processes import Job, run_jobs
+    from fairseq_xmlm.packed.processes import Job, run_jobs, several_gpus
 
     if not runs:
         return {}
@@ -172,4 +172,4 @@ def train_and_evaluate(runs, preset, data_root, checkpoint_root, results_root, d
         jobs.append(Job(train_command(run, preset, data_root, checkpoint_root, train_extra),
                         then=[evaluate_command(run, checkpoint_root, results_root, dict_dir, evaluate_options)]))
     log(f"conneau: training {len(runs)} run(s), {slots} at a time; logs in {log_dir}")
-    return run_jobs(jobs, slots, log_dir)
+    return run_jobs(jobs, slots, log_dir, devices=several_gpus())  # each run on one GPU, spread over them

@@ -105,11 +105,11 @@ def train(commands, results, dry_run):
         for command in pending.values():
             run_command(command, dry_run)
         return
-    from fairseq_xmlm.packed.processes import Job, run_jobs
+    from fairseq_xmlm.packed.processes import Job, run_jobs, several_gpus
 
     for command in pending.values():
         log("+ " + " ".join(command))
-    run_jobs([Job(command) for command in pending.values()], len(pending), results / "logs")
+    run_jobs([Job(command) for command in pending.values()], len(pending), results / "logs", devices=several_gpus())
     failed = [name for name in pending if not (results / name / "checkpoints" / "checkpoint_last.pt").exists()]
     if failed:
         raise XmlmError(f"stock-compare: {', '.join(failed)} did not train (logs in {results / 'logs'})")

@@ -130,7 +130,7 @@ def runs_to_do(names, seeds, results_root):
 def train_and_evaluate(runs, langs, preset, data_dir, checkpoint_root, results_root, slots, knn_vectors,
                        train_extra=()):
     """Train the runs side by side (at most `slots` processes), each one's evaluation starting when it ends."""
-    from fairseq_xmlm.packed.processes import Job, run_jobs
+    from fairseq_xmlm.packed.processes import Job, run_jobs, several_gpus
 
     jobs = []
     for run in runs:
@@ -139,4 +139,4 @@ def train_and_evaluate(runs, langs, preset, data_dir, checkpoint_root, results_r
                         then=[evaluate_command(run, checkpoint_root, results_root, preset)]))
     log_dir = Path(results_root) / "logs"
     log(f"dufter table 3: training {len(runs)} run(s), {slots} at a time; logs in {log_dir}")
-    return run_jobs(jobs, slots, log_dir) if jobs else []
+    return run_jobs(jobs, slots, log_dir, devices=several_gpus()) if jobs else []  # each run on one GPU
