@@ -1,0 +1,99 @@
+"""What bounds the Dufter 5-seed sweep on one GPU: the model FLOPs of every trained run of Tables 1 and 2, counted
+from the training data (each batch padded to its longest sentence, as the length-sorted batches are), and the time
+they take at the GPU's peak. A measured sweep time (--measured-s) gives the fraction of peak it reached.
+
+    python3 benchmarks/dufter_sweep_flops.py [--data data-bin/fake_english] [--schedule batch128] [--seeds 5]
+        [--measured-s 1645 --measured-schedule 2026-11-28] [--out OUT]
+
+FLOPs per sequence of T positions (forward + backward = 3 x forward; `_common.train_flops_per_token`'s terms):
+layers x (2 (4 d^2 + 2 d ffn) T + 4 T^2 d) + the LM head on the masked 15 %: 0.15 T 2 (d^2 + d V).
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+from _common import BERT_BASE, BERT_SMALL, FAKE_VOCAB, PEAK_FLOPS
+
+from fairseq_xmlm.experiments.dufter.runs import RUNS, SCHEDULES, SEEDS, TABLE1_IDS, TABLE2_IDS
+from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
+
+MATMUL_PEAK = 790e12  # bf16 products measured on an H200 (the device notes' figure), below the datasheet's
+EPOCHS = 100
+
+
+def sequence_flops(lengths, layers, dim, ffn, vocab=FAKE_VOCAB, mask_prob=0.15, **_):
+    """Training FLOPs of sequences padded to `lengths` positions (an array): the formula of the module's text."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    per_layer = 2 * (4 * dim * dim + 2 * dim * ffn) * lengths + 4 * lengths ** 2 * dim
+    head = mask_prob * lengths * 2 * (dim * dim + dim * vocab)
+    return 3 * (layers * per_layer + head)
+
+
+def epoch_positions(lengths, batch_size):
+    """Positions each sequence takes in an epoch of length-sorted batches: its batch's longest length."""
+    ordered = np.sort(np.asarray(lengths))
+    padded = np.empty_like(ordered)
+    for start in range(0, len(ordered), batch_size):
+        padded[start:start + batch_size] = ordered[start:start + batch_size].max()
+    return ordered, padded
+
+
+def trained_ids():
+    return [run_id for run_id in dict.fromkeys(TABLE1_IDS + TABLE2_IDS) if not RUNS[run_id].untrained]
+
+
+def sweep_flops(lengths, schedule, seeds):
+    """{"useful", "padded"} FLOPs of the sweep and the BERT-base runs' share of the padded ones."""
+    spec = SCHEDULES[schedule]
+    real, padded = epoch_positions(lengths, spec.batch_size)
+    total = {"useful": 0.0, "padded": 0.0, "bert_base": 0.0}
+    for run_id in trained_ids():
+        model = BERT_BASE if "xmlm_bert_base" in RUNS[run_id].flags else BERT_SMALL
+        # no-parallel: each sentence in one language, twice the epochs: the same sequences in all
+        epochs = EPOCHS * spec.epoch_factor * seeds
+        useful, executed = (epochs * float(sequence_flops(x, **model).sum()) for x in (real, padded))
+        total["useful"] += useful
+        total["padded"] += executed
+        if model is BERT_BASE:
+            total["bert_base"] += executed
+    return total
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default="data-bin/fake_english")
+    parser.add_argument("--schedule", default="batch128", choices=list(SCHEDULES))
+    parser.add_argument("--seeds", type=int, default=len(SEEDS))
+    parser.add_argument("--measured-s", type=float, help="a sweep's measured time, start to tables (seconds)")
+    parser.add_argument("--measured-schedule", default="2026-11-28", choices=list(SCHEDULES))
+    parser.add_argument("--out", help="folder for dufter_sweep_flops.json")
+    args = parser.parse_args(argv)
+    if SCHEDULES[args.schedule].clauses or SCHEDULES[args.measured_schedule].clauses:
+        parser.error("the clause schedule trains other data: give its data-bin with --data and a sentence schedule")
+    english = load_data_dictionary(args.data)
+    # both languages of every training sentence, each with <s> and </s>
+    lengths = np.array([len(s) + 2 for s in load_split_sentences(args.data, "train", "en", english)] * 2)
+    result = {"data": args.data, "sequences_per_epoch": int(len(lengths)), "seeds": args.seeds}
+    for name in dict.fromkeys([args.schedule, args.measured_schedule]):
+        flops = sweep_flops(lengths, name, args.seeds)
+        entry = {key: value / 1e15 for key, value in flops.items()} | {
+            "seconds_at_datasheet_peak": flops["padded"] / PEAK_FLOPS["H200"],
+            "seconds_at_measured_matmul_peak": flops["padded"] / MATMUL_PEAK}
+        if name == args.measured_schedule and args.measured_s:
+            entry["measured_s"] = args.measured_s
+            entry["fraction_of_datasheet_peak"] = flops["padded"] / (args.measured_s * PEAK_FLOPS["H200"])
+        result[name] = entry
+        print(f"{name}: {entry['padded']:.0f} PFLOP executed ({entry['useful']:.0f} without padding; BERT-base runs "
+              f"{entry['bert_base']:.0f}): {entry['seconds_at_datasheet_peak']:.0f} s at the H200's datasheet peak, "
+              f"{entry['seconds_at_measured_matmul_peak']:.0f} s at 790 TFLOP/s"
+              + (f"; measured {args.measured_s:.0f} s = {entry['fraction_of_datasheet_peak']:.1%} of the datasheet "
+                 "peak" if "measured_s" in entry else ""))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "dufter_sweep_flops.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
