@@ -272,6 +272,9 @@ COMMANDS = {
         ("data-bin", ["dict-latin-1"], "causes --preset tiny --data {bad} --results {out}"),
         ("data-bin", ["dict-latin-1"], "stock-compare tiny --data {bad} --results {out}"),
     ],
+    "-m fairseq_xmlm.experiments.dufter.stock_train": [
+        ("data-bin", ["missing"], "{bad} --task masked_lm --arch roberta --cpu --max-update 1 --save-dir {out}"),
+    ],
     "-m fairseq_xmlm.experiments.dufter_real": [
         ("checkpoint", ["truncated"], "evaluate --checkpoint {bad} --out {out}/r.json"),
     ],

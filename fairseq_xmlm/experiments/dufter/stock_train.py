@@ -10,6 +10,8 @@ import types
 
 import numpy as np
 
+from fairseq_xmlm.errors import XmlmError, cli_errors
+
 
 def restore_numpy_compat():
     try:
@@ -18,7 +20,12 @@ def restore_numpy_compat():
         np.compat = types.SimpleNamespace(long=int)  # what numpy 1.x defined it as
 
 
+@cli_errors
 def main():
+    data = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+    if data is None or not os.path.isfile(os.path.join(data, "dict.txt")):
+        raise XmlmError(f"{data or 'no data directory given'}: no dict.txt, not a data-bin of fairseq-preprocess "
+                        "(stock_compare.prepare_stock_data writes one)")
     restore_numpy_compat()
     from fairseq_cli.train import cli_main
 
