@@ -258,3 +258,14 @@ def test_indomain_dev_evaluates_each_run_on_the_bbe_old_testament_too(fake_engli
     indomain = fake_english_data.with_name(fake_english_data.name + "_indomain")
     assert len(evaluations) == 4
     assert [option(c, "--data") for c in evaluations if "eval_indomain.json" in c] == [str(indomain)] * 2
+
+
+def test_epochs_overrides_the_presets_and_is_checked(fake_english_data, tmp_path, capsys):
+    """--epochs sets every run's epochs (the learning-rate schedule's total with them); 0 is refused."""
+    common = ["quickstart", "--ids", "0", "--data", str(fake_english_data), "--results", str(tmp_path), "--dry-run"]
+    train = [c for c in planned(capsys, common + ["--epochs", "6"]) if "fairseq_cli.train" in c]
+    default = [c for c in planned(capsys, common) if "fairseq_cli.train" in c]
+    assert "--max-epoch 6 " in train[0] and f"--max-epoch {PRESETS['quickstart']['epochs']} " in default[0]
+    total = {c: int(c.split("--total-num-update ")[1].split()[0]) for c in (train[0], default[0])}
+    assert total[train[0]] * PRESETS["quickstart"]["epochs"] == total[default[0]] * 6
+    expect_cli_error(capsys, main, common + ["--epochs", "0"], "--epochs must be at least 1")

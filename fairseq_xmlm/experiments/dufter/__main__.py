@@ -33,6 +33,8 @@ def parse_args(argv):
                                      description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="full")
     parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
+    parser.add_argument("--epochs", type=int, help="epochs of every run (default: the preset's; the schedule's "
+                                                   "factor applies on top)")
     parser.add_argument("--ids", help="comma-separated run IDs (default: every ID of Tables 1 and 2)")
     parser.add_argument("--data", default=str(recipe.REPO / "data-bin" / "fake_english"))
     parser.add_argument("--results", help="default: results/dufter/SCHEDULE (results/dufter for 2026-11-28)")
@@ -90,7 +92,10 @@ def main(argv=None):
     if argv[:1] == ["stock-compare"]:
         return stock_compare.main(argv[1:])
     args = parse_args(argv)
-    preset = recipe.scheduled(PRESETS[args.preset], args.schedule)
+    if args.epochs is not None and args.epochs < 1:
+        raise XmlmError(f"--epochs must be at least 1, got {args.epochs}")
+    preset = recipe.scheduled({**PRESETS[args.preset], **({"epochs": args.epochs} if args.epochs else {})},
+                              args.schedule)
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
     unknown = [run_id for run_id in ids if run_id not in RUNS]
     if unknown:
