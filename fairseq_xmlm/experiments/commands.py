@@ -1,6 +1,6 @@
-"""What the experiments' commands share: their --seeds option, the --max-update of a preset, and running the steps of an experiment as child
-processes: each printed before it runs (`+ command`), none run under --dry-run, a failure one `error:` line
-(XmlmError) instead of a traceback."""
+"""What the experiments' commands share: their --seeds option, the --max-update of a preset, and running the steps
+of an experiment as child processes: each printed before it runs (`+ command`), none run under --dry-run, a failure
+one `error:` line (XmlmError) instead of a traceback."""
 import os
 import subprocess
 import sys

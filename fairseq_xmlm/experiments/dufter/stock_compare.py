@@ -97,8 +97,8 @@ def train(commands, results, dry_run):
     """Train the runs without a result: side by side on a GPU, else one after another. fairseq-train resumes an
     interrupted run from its checkpoint_last.pt, and a finished one returns at once."""
     pending = {name: command for name, command in commands.items() if not (results / name / "result.json").exists()}
-    for name in pending:
-        if not dry_run:
+    if not dry_run:
+        for name in pending:
             (results / name).mkdir(parents=True, exist_ok=True)
     if dry_run or not has_gpu():
         for command in pending.values():
