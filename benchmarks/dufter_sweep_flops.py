@@ -2,7 +2,7 @@
 from the training data (each batch padded to its longest sentence, as the length-sorted batches are), and the time
 they take at the GPU's peak. A measured sweep time (--measured-s) gives the fraction of peak it reached.
 
-    python3 benchmarks/dufter_sweep_flops.py [--data data-bin/fake_english] [--schedule batch128] [--seeds 5]
+    python3 benchmarks/dufter_sweep_flops.py [--data data-bin/fake_english] [--schedule batch128-clip] [--seeds 5]
         [--measured-s 1645 --measured-schedule 2026-11-28] [--out OUT]
 
 FLOPs per sequence of T positions (forward + backward = 3 x forward; `_common.train_flops_per_token`'s terms):
@@ -15,7 +15,7 @@ import os
 import numpy as np
 from _common import BERT_BASE, BERT_SMALL, FAKE_VOCAB, PEAK_FLOPS
 
-from fairseq_xmlm.experiments.dufter.runs import RUNS, SCHEDULES, SEEDS, TABLE1_IDS, TABLE2_IDS
+from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, RUNS, SCHEDULES, SEEDS, TABLE1_IDS, TABLE2_IDS
 from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
 
 MATMUL_PEAK = 790e12  # bf16 products measured on an H200 (the device notes' figure), below the datasheet's
@@ -63,7 +63,7 @@ def sweep_flops(lengths, schedule, seeds):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default="data-bin/fake_english")
-    parser.add_argument("--schedule", default="batch128", choices=list(SCHEDULES))
+    parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, choices=list(SCHEDULES))
     parser.add_argument("--seeds", type=int, default=len(SEEDS))
     parser.add_argument("--measured-s", type=float, help="a sweep's measured time, start to tables (seconds)")
     parser.add_argument("--measured-schedule", default="2026-11-28", choices=list(SCHEDULES))

@@ -14,6 +14,7 @@ from fairseq_xmlm.data.preparation import (CLAUSE_MIN_WORDS, clause_units, prepa
                                            prepare_fake_english_indomain)
 from fairseq_xmlm.experiments.dufter import causes
 from fairseq_xmlm.experiments.dufter.__main__ import main
+from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE
 from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
 
 
@@ -95,10 +96,12 @@ def test_export_stock_is_accepted_by_stock_fairseq_preprocess(fake_english_data,
 
 def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp_path, capsys, monkeypatch):
     """The plan of `causes --preset small`: the baseline trains every run any cause compares; each setting differs
-    from it in its cause alone (the no-random share only on the --no-random runs)."""
+    from it in its cause alone (the no-random share only on the --no-random runs); the in-domain dev set evaluates
+    the default's runs, which train once."""
     plan = causes.needed(list(causes.CAUSES), ("0", "1", "2", "4", "7"))
     assert plan[causes.BASELINE] == ["0", "1", "2", "4", "7"] and plan["no-random-.9"] == ["4", "7"]
-    assert "indomain-dev" not in plan  # evaluated, not trained
+    assert "indomain-dev" not in plan and plan[DEFAULT_SCHEDULE] == ["0", "1", "2", "4", "7"]  # evaluated
+    assert causes.needed(["indomain-dev"], ("4",)) == {DEFAULT_SCHEDULE: ["4"]}
     capsys.readouterr()
     monkeypatch.setattr(causes.recipe, "has_gpu", lambda: True)  # the packed plan
     main(["causes", "--preset", "small", "--data", str(fake_english_data), "--results", str(tmp_path), "--dry-run"])
@@ -108,10 +111,12 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
     for line in trained:
         setting = line.split("/causes/")[1].split("/")[0]
         by_setting.setdefault(setting, []).append(line)
-    assert all("--clip-norm 1.0" in line for line in by_setting["clip-fp32"])
+    for setting in ("clip", "clip-fp32"):
+        assert all("--clip-norm 1.0" in line and "--batch-size 256" in line for line in by_setting[setting])
+    assert all("--clip-norm 1.0" in line and "--batch-size 128" in line for line in by_setting[DEFAULT_SCHEDULE])
     assert all("--attend-padding" in line for line in by_setting["attend-padding"])
     assert all("--no-random-mask-share 0.9" in line and "--no-random" in line for line in by_setting["no-random-.9"])
-    assert all("--batch-size 128" in line for line in by_setting["batch128"])
+    assert all("--batch-size 128" in line and "--clip-norm" not in line for line in by_setting["batch128"])
     assert all("_clauses" in line for line in by_setting["clauses"])
     baseline = by_setting[causes.BASELINE]
     assert all("--batch-size 256" in line and "--max-epoch 100" in line and "--clip-norm" not in line
@@ -131,12 +136,12 @@ def test_tiny_preset_runs_end_to_end_on_the_cpu_and_resumes(fake_english_data, c
     assert list(summary["causes"]) == ["clauses", "no-random-.9", "indomain-dev"]
     for name, cause in summary["causes"].items():
         row = cause["runs"]["4"]
-        assert set(row["before"]) == set(row["after"]) == set(summary["columns"]) | {"n"}, name
+        assert set(row["before"]) == set(row["after"]) == set(summary["columns"]) | {"n", "stalled"}, name
         assert cause["updates"] == {"before": 2, "after": 2}
     runs = tmp_path / "causes"
     assert "'no_random_mask_share': 0.9" in (runs / "no-random-.9/runs/4/seed0/train.log").read_text()  # its cfg
     assert "_clauses" in (runs / "clauses/runs/4/seed0/train.log").read_text()
-    assert (runs / causes.BASELINE / "runs/4/seed0/eval_indomain.json").exists()
+    assert (runs / DEFAULT_SCHEDULE / "runs/4/seed0/eval_indomain.json").exists()
     indomain = summary["causes"]["indomain-dev"]["runs"]["4"]
     assert indomain["before"]["ppl_dev"] != indomain["after"]["ppl_dev"]  # another dev set
     table = (tmp_path / "causes.md").read_text()
@@ -145,3 +150,27 @@ def test_tiny_preset_runs_end_to_end_on_the_cpu_and_resumes(fake_english_data, c
     main(argv)
     again = capsys.readouterr().err
     assert "fairseq_cli.train" not in again and "eval_mult" not in again
+
+
+def test_stalled_seeds_are_counted_against_the_median_of_the_whole_table(tmp_path):
+    """A seed that ends over STALL_FACTOR x the median training perplexity of every run counts as stalled, on its
+    side of the comparison; its μ stays in the mean."""
+    from test_tables import fake_result
+
+    def write(setting, run_id, seed, mu, ppl):
+        path = causes.runs_of(tmp_path, setting) / run_id / f"seed{seed}" / "eval.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(fake_result(mu) | {"ppl": {"train": ppl, "valid": 10 * ppl}}))
+
+    for run_id in causes.MOST[:-1]:  # the BERT-small runs: trained well before and after, except below
+        for seed in (0, 42):
+            write(causes.BASELINE, run_id, seed, 0.5, 11.0)
+            if run_id != "0":
+                write("batch128", run_id, seed, 0.6, 10.0)
+    write("batch128", "0", 0, 0.01, 553.0)  # unigram perplexity
+    write("batch128", "0", 42, 0.6, 12.0)
+    row = causes.summarise(["batch128"], causes.MOST, tmp_path)["batch128"]["runs"]["0"]
+    assert (row["before"]["stalled"], row["after"]["stalled"]) == (0, 1)
+    assert row["after"]["mu"] == pytest.approx(0.305) and row["after"]["n"] == 2
+    assert "| batch128 | 0 original | 2/2 | 0/1 |" in causes.markdown(
+        causes.summarise(["batch128"], causes.MOST, tmp_path), "small", [0, 42])

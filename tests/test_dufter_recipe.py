@@ -192,12 +192,14 @@ def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_eng
         prepare_fake_english_clauses(fake_english_data, clauses)
     common = ["full", "--ids", "0", "--seeds", "1", "--data", str(fake_english_data), "--results", str(tmp_path),
               "--dry-run"]
-    expected = {None: (128, 100, 13700), "batch128": (128, 100, 13700), "2026-11-28": (256, 100, 6900),
-                "epochs200": (256, 200, 13800), "clauses": (256, 100, 13700)}
-    for schedule, (batch, epochs, updates) in expected.items():
+    expected = {None: (128, 100, 13700, "1.0"), "batch128-clip": (128, 100, 13700, "1.0"),
+                "batch128": (128, 100, 13700, None), "2026-11-28": (256, 100, 6900, None),
+                "epochs200": (256, 200, 13800, None), "clauses": (256, 100, 13700, None)}
+    for schedule, (batch, epochs, updates, clip) in expected.items():
         command, = train_commands(capsys, common + ([] if schedule is None else ["--schedule", schedule]))
         assert (int(option(command, "--batch-size")), int(option(command, "--max-epoch")),
                 int(option(command, "--total-num-update"))) == (batch, epochs, updates), schedule
+        assert (option(command, "--clip-norm") if "--clip-norm" in command else None) == clip, schedule
         assert command.split()[3] == str(clauses if schedule == "clauses" else fake_english_data)
     assert results_dir("2026-11-28") == recipe.REPO / "results" / "dufter"
     assert results_dir("batch128") == recipe.REPO / "results" / "dufter" / "batch128"
@@ -205,15 +207,17 @@ def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_eng
 
 def test_clip_norm_and_pack_precision_reach_both_paths(fake_english_data, tmp_path, capsys, monkeypatch):
     """--clip-norm goes into every fairseq-train command (the packed path parses and honours it:
-    tests/test_packed_training.py), --pack-precision to the packed processes; neither is on by default."""
+    tests/test_packed_training.py) in place of the schedule's, --pack-precision to the packed processes."""
     from fairseq_xmlm.packed import processes
 
     common = ["full", "--ids", "0,4", "--seeds", "1", "--data", str(fake_english_data), "--results", str(tmp_path),
               "--dry-run"]
-    assert all("--clip-norm" not in c for c in train_commands(capsys, common))
+    assert all("--clip-norm" not in c for c in train_commands(capsys, common + ["--schedule", "batch128"]))
+    assert all("--clip-norm" not in c for c in train_commands(capsys, common + ["--clip-norm", "0"]))
     for extra in ([], ["--gpu-pack"]):
-        commands = train_commands(capsys, common + extra + ["--clip-norm", "1.0"])
-        assert len(commands) == 2 and all(option(c, "--clip-norm") == "1.0" for c in commands)
+        commands = train_commands(capsys, common + extra + ["--schedule", "batch128", "--clip-norm", "0.5"])
+        assert len(commands) == 2 and all(c.count("--clip-norm") == 1 and option(c, "--clip-norm") == "0.5"
+                                          for c in commands)
     seen = {}
     monkeypatch.setattr(processes, "run_jobs", lambda jobs, *args, **kwargs: [0.0] * len(jobs))
     monkeypatch.setattr(processes, "train_side_by_side",
@@ -241,7 +245,7 @@ def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table
           str(tmp_path)])
     assert "| 0 | original | 1 | 0.45 | 0.70 |" in (tmp_path / "table1_indomain.md").read_text()
     table = json.loads((tmp_path / "dufter_table1.json").read_text())
-    assert set(table) == {"setting", "updates", "seeds", "rows"} and table["setting"].startswith("batch128: ")
+    assert set(table) == {"setting", "updates", "seeds", "rows"} and table["setting"].startswith("batch128-clip: ")
     assert table["updates"] == 13700 and table["seeds"] == [0, 42] and list(table["rows"]) == ["0", "4"]
     row = table["rows"]["0"]
     assert set(row) == {"mu", "mu_std", "n", "layers", "ppl_train", "ppl_dev"} and row["n"] == 2

@@ -1,7 +1,7 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
     python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N] [--ids 0,1,...] [--dry-run]
-        [--schedule batch128|clauses|epochs200|2026-11-28] [--clip-norm X] [--indomain-dev]
+        [--schedule batch128-clip|batch128|clauses|epochs200|2026-11-28] [--clip-norm X] [--indomain-dev]
         [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
     python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N]   (causes.py)
     python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
@@ -41,8 +41,9 @@ def parse_args(argv):
     parser.add_argument("--schedule", choices=list(SCHEDULES), default=DEFAULT_SCHEDULE,
                         help="how long each run trains: " + "; ".join(f"{name}: {spec.description}"
                                                                       for name, spec in SCHEDULES.items()))
-    parser.add_argument("--clip-norm", type=float, default=0.0,
-                        help="fairseq-train's --clip-norm for every trained run (the paper's code: 1.0; 0: none)")
+    parser.add_argument("--clip-norm", type=float,
+                        help="fairseq-train's --clip-norm for every trained run (default: the schedule's; the "
+                             "paper's code: 1.0; 0: none)")
     parser.add_argument("--indomain-dev", action="store_true",
                         help="also evaluate each run on in-domain dev sentences (BBE Old Testament, DATA_indomain): "
                              "eval_indomain.json beside eval.json")
@@ -94,19 +95,21 @@ def main(argv=None):
     args = parse_args(argv)
     if args.epochs is not None and args.epochs < 1:
         raise XmlmError(f"--epochs must be at least 1, got {args.epochs}")
+    if args.clip_norm is not None and args.clip_norm < 0:
+        raise XmlmError(f"--clip-norm must be >= 0, got {args.clip_norm}")
     preset = recipe.scheduled({**PRESETS[args.preset], **({"epochs": args.epochs} if args.epochs else {})},
                               args.schedule)
+    if args.clip_norm is not None:
+        preset["clip_norm"] = args.clip_norm
     ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
     unknown = [run_id for run_id in ids if run_id not in RUNS]
     if unknown:
         raise XmlmError(f"unknown run IDs {unknown}; known: {', '.join(RUNS)}")
     seeds = SEEDS[: args.seeds or preset["seeds"]]
-    if args.clip_norm < 0:
-        raise XmlmError(f"--clip-norm must be >= 0, got {args.clip_norm}")
     base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
     runs_dir = results / "runs"
     setting = f"{args.schedule}: {SCHEDULES[args.schedule].description}" + (
-        f"; --clip-norm {args.clip_norm:g}" if args.clip_norm else "") + (
+        f"; --clip-norm {preset['clip_norm']:g}" if args.clip_norm is not None else "") + (
         f"; packed, {args.pack_precision}" if args.gpu_pack else "")
     if args.status:
         recipe.print_status(runs_dir, ids, seeds)
@@ -121,7 +124,7 @@ def main(argv=None):
         raise XmlmError("--train-args apply to fairseq-train runs, not to --gpu-pack")
     recipe.ensure_data(base_data, args.dry_run)
     data = recipe.schedule_data(base_data, args.schedule, args.dry_run)
-    train_args = shlex.split(args.train_args) + (["--clip-norm", str(args.clip_norm)] if args.clip_norm else [])
+    train_args = shlex.split(args.train_args)
     knn_table = results / "knn_table.pt"
     if any(RUNS[run_id].needs_knn for run_id in ids):
         recipe.ensure_knn_table(data, knn_table, args.dry_run)

@@ -3,22 +3,24 @@
 cause alone, and sets μ and its parts beside the baseline's same runs.
 
     python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N] [--causes a,b]
-        [--data DIR] [--bible-dir DIR] [--results DIR] [--dry-run]
+        [--data DIR] [--bible-dir DIR] [--results DIR] [--dry-run|--report]
 
 Each setting's runs live in RESULTS/causes/SETTING/runs/ID/seedS/ (a run with its eval.json is skipped, so the
 command resumes where it stopped); on a GPU they train packed, all settings of one precision in one sweep
 (`packed.processes.train_side_by_side`). Then RESULTS/causes.json and causes.md: per cause and run ID, μ and its
-parts before (baseline) and after (the cause's setting), means over the seeds present.
+parts before (baseline) and after (the cause's setting), means over the seeds present, and how many of those seeds
+stalled (`stalled`).
 """
 import argparse
 import json
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.dufter import recipe, report, sweep
-from fairseq_xmlm.experiments.dufter.runs import COLUMNS, LEGACY_SCHEDULE, PRESETS, RUNS, SEEDS
+from fairseq_xmlm.experiments.dufter.runs import COLUMNS, DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SEEDS
 from fairseq_xmlm.io import log, write_atomic, write_json
 
 
@@ -42,7 +44,9 @@ SETTINGS = {
     "batch128": Setting("batch128"),
     "clauses": Setting("clauses"),
     "epochs200": Setting("epochs200"),
+    "clip": Setting(flags=("--clip-norm", "1.0")),
     "clip-fp32": Setting(flags=("--clip-norm", "1.0"), precision="fp32"),
+    DEFAULT_SCHEDULE: Setting(DEFAULT_SCHEDULE),
     "no-random-.9": Setting(no_random_flags=("--no-random-mask-share", "0.9")),
     "attend-padding": Setting(flags=("--attend-padding",)),
 }
@@ -53,7 +57,7 @@ class Cause:
     description: str
     setting: str  # trained so, against BASELINE's same runs
     ids: tuple  # the runs it matters for
-    indomain: bool = False  # instead: BASELINE's runs evaluated on the in-domain dev set
+    indomain: bool = False  # instead: the setting's runs evaluated on the in-domain dev set, against KJV
 
 
 MOST = ("0", "1", "2", "4", "7", "15")
@@ -61,14 +65,21 @@ CAUSES = {
     "batch128": Cause("matched updates: batches of 128 sentences (13,700 updates)", "batch128", MOST),
     "clauses": Cause("matched updates: clause units of >= 8 words, batches of 256 (13,700 updates)", "clauses", MOST),
     "epochs200": Cause("matched updates: 200 epochs of batches of 256 (13,800 updates)", "epochs200", MOST),
+    "clip": Cause("--clip-norm 1.0 (packed, bf16), as the paper's code", "clip", MOST),
     "clip-fp32": Cause("--clip-norm 1.0 and fp32 (packed), as the paper's code", "clip-fp32", MOST),
+    "batch128-clip": Cause("the default: batches of 128 sentences (13,700 updates) and --clip-norm 1.0",
+                           DEFAULT_SCHEDULE, MOST),
     "no-random-.9": Cause("no-random as .9 MASK/.1 keep (the paper's code) for .8/.2 (its text)", "no-random-.9",
                           ("4", "7")),
     "attend-padding": Cause("random mixed batches attending to their padding (the paper's code)", "attend-padding",
                             ("0", "1", "2", "4", "7")),
-    "indomain-dev": Cause("dev set in-domain (BBE Old Testament) for KJV: no training", BASELINE, MOST,
-                          indomain=True),
+    "indomain-dev": Cause("dev set in-domain (BBE Old Testament) for KJV: the default's runs, evaluated twice",
+                          DEFAULT_SCHEDULE, MOST, indomain=True),
 }
+
+# A stalled run ends at a training perplexity over STALL_FACTOR x the median of every run in the table: measured
+# stalls end at 276-553 (the unigram perplexity), trained runs at 8-14.
+STALL_FACTOR = 10.0
 
 # which runs and seeds a preset trains, on which recipe preset (runs.PRESETS)
 PRESETS_OF_CAUSES = {
@@ -82,17 +93,18 @@ def runs_of(results, setting):
     return Path(results) / "causes" / setting / "runs"
 
 
+def sides(cause):
+    """The settings whose runs a cause compares: before (BASELINE, or its own for an evaluation) and after."""
+    return (cause.setting, cause.setting) if cause.indomain else (BASELINE, cause.setting)
+
+
 def needed(causes, ids):
     """{setting: the run IDs it trains} for these causes, restricted to `ids`."""
     plan = {BASELINE: []}
     for name in causes:
-        cause = CAUSES[name]
-        plan.setdefault(cause.setting, [])
-        for run_id in cause.ids:
-            if run_id in ids and run_id not in plan[cause.setting]:
-                plan[cause.setting].append(run_id)
-            if run_id in ids and run_id not in plan[BASELINE]:
-                plan[BASELINE].append(run_id)
+        for setting in sides(CAUSES[name]):
+            plan.setdefault(setting, [])
+            plan[setting] += [run_id for run_id in CAUSES[name].ids if run_id in ids and run_id not in plan[setting]]
     return {setting: run_ids for setting, run_ids in plan.items() if run_ids}
 
 
@@ -141,11 +153,12 @@ def train_packed(jobs, results, dry_run):
 
 
 def evaluate_indomain(causes, ids, seeds, data, bible, results, preset, dry_run):
-    pairs = [(run_id, seed) for name in causes if CAUSES[name].indomain for run_id in CAUSES[name].ids
-             if run_id in ids for seed in seeds]
-    if pairs:
-        recipe.evaluate_indomain(list(dict.fromkeys(pairs)), runs_of(results, BASELINE),
-                                 recipe.indomain_data(data, dry_run, bible), preset, dry_run)
+    for name in causes:
+        cause = CAUSES[name]
+        pairs = [(run_id, seed) for run_id in cause.ids if run_id in ids for seed in seeds] if cause.indomain else []
+        if pairs:
+            recipe.evaluate_indomain(pairs, runs_of(results, cause.setting), recipe.indomain_data(data, dry_run, bible),
+                                     preset, dry_run)
 
 
 def results_of(runs_dir, run_id, name="eval.json"):
@@ -153,28 +166,39 @@ def results_of(runs_dir, run_id, name="eval.json"):
     return [json.loads(path.read_text()) for path in paths]
 
 
-def means(results):
-    """{column: mean over the seeds, "n": seeds} of one run's eval JSONs; None without any."""
+def means(results, stall_ppl):
+    """{column: mean over the seeds, "n": seeds, "stalled": seeds with a training perplexity over stall_ppl} of one
+    run's eval JSONs; None without any."""
     if not results:
         return None
     summary = report.aggregate(results)
-    return {column: summary[column][0] for column in COLUMNS} | {"n": summary["n"]}
+    stalled = sum(result["ppl"]["train"] > stall_ppl for result in results)
+    return {column: summary[column][0] for column in COLUMNS} | {"n": summary["n"], "stalled": stalled}
+
+
+def stall_threshold(results):
+    """STALL_FACTOR x the median training perplexity of every trained run under RESULTS/causes."""
+    ppls = [json.loads(path.read_text())["ppl"]["train"]
+            for path in sorted((Path(results) / "causes").glob("*/runs/*/seed*/eval.json"))
+            if not RUNS[path.parent.parent.name].untrained]
+    return STALL_FACTOR * statistics.median(ppls) if ppls else float("inf")
 
 
 def summarise(causes, ids, results):
     """{cause: {"description", "setting", "updates": {"before", "after"}, "runs": {ID: {"before", "after"}}}}: μ and
-    its parts (COLUMNS) averaged over the seeds present, None where a side has no result yet."""
-    baseline = runs_of(results, BASELINE)
+    its parts (COLUMNS) averaged over the seeds present, and the seeds that stalled; None where a side has no result
+    yet."""
+    stall_ppl = stall_threshold(results)
     summary = {}
     for name in causes:
         cause = CAUSES[name]
-        after_dir = runs_of(results, cause.setting)
-        rows = {run_id: {"before": means(results_of(baseline, run_id)),
+        before_dir, after_dir = (runs_of(results, setting) for setting in sides(cause))
+        rows = {run_id: {"before": means(results_of(before_dir, run_id), stall_ppl),
                          "after": means(results_of(after_dir, run_id, "eval_indomain.json" if cause.indomain
-                                                   else "eval.json"))}
+                                                   else "eval.json"), stall_ppl)}
                 for run_id in cause.ids if run_id in ids}
         summary[name] = {"description": cause.description, "setting": cause.setting,
-                         "updates": {"before": report.trained_updates(baseline),
+                         "updates": {"before": report.trained_updates(before_dir),
                                      "after": report.trained_updates(after_dir)}, "runs": rows}
     return summary
 
@@ -189,14 +213,17 @@ def _pair(column, before, after):
 
 
 def markdown(summary, preset, seeds):
-    header = "| cause | run | n | μ | L0 F1 | L0 ρ | L0 τ | L8 F1 | L8 ρ | L8 τ | ppl train | ppl dev |"
+    header = ("| cause | run | n | stalled | μ | L0 F1 | L0 ρ | L0 τ | L8 F1 | L8 ρ | L8 τ | ppl train "
+              "| ppl dev |")
     lines = [f"# Causes: μ and its parts before (baseline {BASELINE}) → after", "",
-             f"Preset {preset}, seeds {', '.join(map(str, seeds))}; means over the seeds present.", "", header,
-             "|" + "---|" * (header.count("|") - 1)]
+             f"Preset {preset}, seeds {', '.join(map(str, seeds))}; means over the seeds present (stalled ones "
+             f"included); stalled: seeds whose training perplexity ended over {STALL_FACTOR:g}x the median of every "
+             "run here.", "", header, "|" + "---|" * (header.count("|") - 1)]
     for name, cause in summary.items():
         for run_id, row in cause["runs"].items():
-            n = "/".join(str(side["n"]) if side else "0" for side in (row["before"], row["after"]))
-            lines.append(f"| {name} | {run_id} {RUNS[run_id].description} | {n} | "
+            n, stalled = ("/".join(str(side[key]) if side else "0" for side in (row["before"], row["after"]))
+                          for key in ("n", "stalled"))
+            lines.append(f"| {name} | {run_id} {RUNS[run_id].description} | {n} | {stalled} | "
                          + " | ".join(_pair(column, row["before"], row["after"]) for column in COLUMNS) + " |")
     lines += [""] + [f"- {name}: {cause['description']}; updates {cause['updates']['before']} → "
                      f"{cause['updates']['after']}" for name, cause in summary.items()]
@@ -213,6 +240,9 @@ def parse_args(argv):
     parser.add_argument("--bible-dir", default=str(recipe.BIBLE), help="BBE's en.txt, for the in-domain dev set")
     parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter"))
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--report", action="store_true",
+                        help="train and evaluate nothing: write causes.json and causes.md from the results present "
+                             "(causes without any are left out)")
     return parser.parse_args(argv)
 
 
@@ -227,12 +257,18 @@ def main(argv=None):
         raise XmlmError(f"--seeds must be 1 to {len(SEEDS)}, got {args.seeds}")
     seeds, ids, preset = SEEDS[:args.seeds or choice["seeds"]], choice["ids"], PRESETS[choice["recipe"]]
     data, results = Path(args.data), Path(args.results)
-    recipe.ensure_data(data, args.dry_run)
-    train_all(needed(causes, ids), seeds, data, results, preset, args.dry_run)
-    evaluate_indomain(causes, ids, seeds, data, Path(args.bible_dir), results, preset, args.dry_run)
+    if not args.report:
+        recipe.ensure_data(data, args.dry_run)
+        train_all(needed(causes, ids), seeds, data, results, preset, args.dry_run)
+        evaluate_indomain(causes, ids, seeds, data, Path(args.bible_dir), results, preset, args.dry_run)
     if args.dry_run:
         return
     summary = summarise(causes, ids, results)
+    if args.report:
+        summary = {name: cause for name, cause in summary.items()
+                   if any(row["after"] for row in cause["runs"].values())}
+        if not summary:
+            raise XmlmError(f"no cause has results under {results / 'causes'}")
     write_json(results / "causes.json", {"preset": args.preset, "seeds": list(seeds), "baseline": BASELINE,
                                          "columns": list(COLUMNS), "causes": summary})
     text = markdown(summary, args.preset, seeds)
