@@ -270,6 +270,7 @@ def test_epochs_overrides_the_presets_and_is_checked(fake_english_data, tmp_path
     train = [c for c in planned(capsys, common + ["--epochs", "6"]) if "fairseq_cli.train" in c]
     default = [c for c in planned(capsys, common) if "fairseq_cli.train" in c]
     assert "--max-epoch 6 " in train[0] and f"--max-epoch {PRESETS['quickstart']['epochs']} " in default[0]
+    assert option(default[0], "--lr") == "7e-4" and option(default[0], "--clip-norm") == "1.0"  # runs.PRESETS
     total = {c: int(c.split("--total-num-update ")[1].split()[0]) for c in (train[0], default[0])}
     assert total[train[0]] * PRESETS["quickstart"]["epochs"] == total[default[0]] * 6
     expect_cli_error(capsys, main, common + ["--epochs", "0"], "--epochs must be at least 1")

@@ -88,7 +88,7 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
         "--batch-size", batch_size, "--save-dir", save_dir, "--seed", seed, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", "10",
     ]
-    flags = dict(zip(("--arch", "--lr"), ("xmlm_bert_small", "2e-3")))
+    flags = dict(zip(("--arch", "--lr"), ("xmlm_bert_small", preset.get("lr", "2e-3"))))
     extra = list(spec.flags)
     for name in ("--arch", "--lr"):  # overparam replaces the defaults
         if name in extra:
