@@ -55,8 +55,8 @@ class Schedule:
 # 8,732 long ones (about the same words): 69 updates an epoch at the paper's batch of 256 sentences. Each schedule
 # but the last matches the paper's updates in one way; the updates are for the whole BBE New Testament.
 # The default clips as the paper's code does: without clipping, batches of 128 at the paper's learning rate stalled
-# run 0 at unigram perplexity in every run of docs/results.md's causes table (2 of 2 seeds packed, 3 of 3
-# fairseq-train runs).
+# run 0 at unigram perplexity in every GPU run of docs/results.md's causes table (2 of 2 seeds packed, 3 of 3
+# fairseq-train runs), after a spike of the gradient norm (21.6 on a CPU, where the clipped run kept descending).
 SCHEDULES = {
     "batch128-clip": Schedule("batches of 128 sentences, 100 epochs: 137 updates an epoch, 13,700 in all; "
                               "--clip-norm 1.0 as the paper's code", batch_size=128, clip_norm=1.0),
