@@ -174,3 +174,23 @@ def test_stalled_seeds_are_counted_against_the_median_of_the_whole_table(tmp_pat
     assert row["after"]["mu"] == pytest.approx(0.305) and row["after"]["n"] == 2
     assert "| batch128 | 0 original | 2/2 | 0/1 |" in causes.markdown(
         causes.summarise(["batch128"], causes.MOST, tmp_path), "small", [0, 42])
+
+
+def test_report_summarises_the_causes_present_and_trains_nothing(tmp_path, capsys):
+    """`causes --report` writes causes.json/md from the eval JSONs present (no data, no training), leaving out the
+    causes none of whose runs has a result; with none at all, one error line."""
+    from test_tables import fake_result
+
+    for setting in (causes.BASELINE, "no-random-.9"):
+        for run_id in ("4", "7"):
+            path = causes.runs_of(tmp_path, setting) / run_id / "seed0" / "eval.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps(fake_result(0.4 if setting == causes.BASELINE else 0.5)))
+    main(["causes", "--report", "--results", str(tmp_path), "--data", str(tmp_path / "no-data-needed")])
+    summary = json.loads((tmp_path / "causes.json").read_text())
+    assert list(summary["causes"]) == ["no-random-.9"]
+    assert summary["causes"]["no-random-.9"]["runs"]["7"]["after"]["mu"] == pytest.approx(0.5)
+    assert "| no-random-.9 | 4 no-random | 1/1 | 0/0 | 0.40 → 0.50 |" in (tmp_path / "causes.md").read_text()
+    assert "fairseq_cli.train" not in capsys.readouterr().err
+    expect_cli_error(capsys, main, ["causes", "--report", "--results", str(tmp_path / "empty")],
+                     "no cause has results under")
