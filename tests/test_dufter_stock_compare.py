@@ -71,3 +71,14 @@ def test_stock_compare_trains_and_scores_stock_and_plugin_runs(fake_english_data
     assert len(encoder.layers) == 12
     full = encoder.encode_layers(ids)
     assert torch.allclose(full[-1], features)  # the last state is stock's own output features
+
+
+def test_runs_picks_which_runs_train_and_unknown_ones_are_refused(fake_english_data, tmp_path, capsys):
+    from conftest import expect_cli_error
+
+    common = ["stock-compare", "--data", str(fake_english_data), "--results", str(tmp_path), "--dry-run"]
+    main(common + ["--runs", "stock-workers2,fake_english-workers2"])
+    trained = [line for line in capsys.readouterr().err.splitlines() if "--save-dir" in line]
+    assert len(trained) == 2 and "stock_train" in trained[0] and "fairseq_cli.train" in trained[1]
+    assert all("--num-workers 2" in line and "--clip-norm 1.0" in line for line in trained)  # the default's clipping
+    expect_cli_error(capsys, main, common + ["--runs", "stock-workers1"], "unknown runs ['stock-workers1']")

@@ -1,6 +1,7 @@
 """Stock fairseq's `masked_lm` against the plugin's `fake_english` on one corpus with one set of hyper-parameters.
 
-    python -m fairseq_xmlm.experiments.dufter stock-compare [full|tiny] [--seed S] [--data DIR] [--results DIR]
+    python -m fairseq_xmlm.experiments.dufter stock-compare [full|tiny] [--seed S] [--runs a,b] [--data DIR]
+        [--results DIR]
 
 fairseq 0.12's MaskTokensDataset draws each sentence's mask from (seed, epoch, index), and with --num-workers > 0
 its data-loader workers, kept across epochs, never see `set_epoch`: every sentence has the same mask in every
@@ -15,13 +16,15 @@ fairseq-preprocess with its doubled dictionary; their command is the plugin run'
 and data swapped (`stock_command`), so every other option is the same. Each run is scored by the same code: μ and
 its parts at layers 0 and 8 on the dev set (a stock model through `evaluation.stock_roberta`), and fairseq's last
 logged train and dev loss (bits per masked token). RESULTS/stock/<run>/ holds each run; RESULTS/stock/stock.json
-and stock.md the comparison. Runs with a result are skipped, so the command resumes.
+and stock.md the comparison of the runs with a result. Runs with a result are skipped, so the command resumes;
+--runs trains and scores some of them (stock-workers0, whose main process masks every batch, is the slowest).
 """
 import argparse
 import json
 from pathlib import Path
 
 from fairseq_xmlm.devices import default_device, has_gpu
+from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.commands import python_module, run_command
 from fairseq_xmlm.experiments.dufter import recipe
 from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, SEEDS
@@ -166,6 +169,7 @@ def parse_args(argv):
                                      description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=("full", "tiny"), default="full")
     parser.add_argument("--seed", type=int, default=SEEDS[0])
+    parser.add_argument("--runs", help=f"comma-separated, of {', '.join(RUNS)} (default: all)")
     parser.add_argument("--data", default=str(recipe.REPO / "data-bin" / "fake_english"))
     parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter" / "stock"))
     parser.add_argument("--device", default=None, help="where the runs are scored (default: the GPU if any)")
@@ -175,11 +179,16 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    names = args.runs.split(",") if args.runs else list(RUNS)
+    unknown = [name for name in names if name not in RUNS]
+    if unknown:
+        raise XmlmError(f"unknown runs {unknown}; known: {', '.join(RUNS)}")
     data, results, preset = Path(args.data), Path(args.results), preset_of(args.preset)
     recipe.ensure_data(data, args.dry_run)
     stock_bin = prepare_stock_data(data, results / "corpus", args.dry_run)
     commands = {}
-    for name, (stock, workers) in RUNS.items():
+    for name in names:
+        stock, workers = RUNS[name]
         plugin = plugin_command(data, results / name, preset, args.seed, workers)
         commands[name] = stock_command(plugin, data, stock_bin) if stock else plugin
     train(commands, results, args.dry_run)
@@ -187,7 +196,9 @@ def main(argv=None):
         return
     device = args.device or default_device()
     rows = {}
-    for name in commands:
+    for name in RUNS:  # with the results of earlier calls
+        if name not in commands and not (results / name / "result.json").exists():
+            continue
         run_dir = results / name
         if not (run_dir / "result.json").exists():
             result = score(name, run_dir, data, stock_bin, preset["eval_sentences"], device)
