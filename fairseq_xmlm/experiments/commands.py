@@ -1,6 +1,6 @@
-"""What the experiments' commands share: their --seeds option, the --max-update of a preset, and running the steps
-of an experiment as child processes: each printed before it runs (`+ command`), none run under --dry-run, a failure
-one `error:` line (XmlmError) instead of a traceback."""
+"""What the experiments' commands share: their --seeds option, comma-separated choices, the --max-update of a
+preset, and running the steps of an experiment as child processes: each printed before it runs (`+ command`), none
+run under --dry-run, a failure one `error:` line (XmlmError) instead of a traceback."""
 import os
 import subprocess
 import sys
@@ -18,6 +18,16 @@ def parse_seeds(text):
     if not seeds:
         raise XmlmError("--seeds is empty")
     return seeds
+
+
+def parse_choices(text, known, what, default=None):
+    """'a,b' -> ["a", "b"], each one of `known` (else one error naming the unknown ones and `what` they are);
+    empty or None -> `default` (every one of `known` without one)."""
+    chosen = text.split(",") if text else list(known if default is None else default)
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        raise XmlmError(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    return chosen
 
 
 def updates_of(train_args):

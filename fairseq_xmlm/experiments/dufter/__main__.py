@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.experiments.commands import parse_choices
 from fairseq_xmlm.experiments.dufter import causes, recipe, report, stock, stock_compare, sweep
 from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS,
                                                   TABLE1_IDS, TABLE2_IDS)
@@ -101,10 +102,7 @@ def main(argv=None):
                               args.schedule)
     if args.clip_norm is not None:
         preset["clip_norm"] = args.clip_norm
-    ids = args.ids.split(",") if args.ids else list(preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
-    unknown = [run_id for run_id in ids if run_id not in RUNS]
-    if unknown:
-        raise XmlmError(f"unknown run IDs {unknown}; known: {', '.join(RUNS)}")
+    ids = parse_choices(args.ids, RUNS, "run IDs", default=preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
     seeds = SEEDS[: args.seeds or preset["seeds"]]
     base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
     runs_dir = results / "runs"

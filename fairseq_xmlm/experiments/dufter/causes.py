@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.experiments.commands import parse_choices
 from fairseq_xmlm.experiments.dufter import recipe, report, sweep
 from fairseq_xmlm.experiments.dufter.runs import COLUMNS, DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SEEDS
 from fairseq_xmlm.io import log, write_atomic, write_json
@@ -248,10 +249,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    causes = args.causes.split(",") if args.causes else list(CAUSES)
-    unknown = [name for name in causes if name not in CAUSES]
-    if unknown:
-        raise XmlmError(f"unknown causes {unknown}; known: {', '.join(CAUSES)}")
+    causes = parse_choices(args.causes, CAUSES, "causes")
     choice = PRESETS_OF_CAUSES[args.preset]
     if args.seeds is not None and not 1 <= args.seeds <= len(SEEDS):
         raise XmlmError(f"--seeds must be 1 to {len(SEEDS)}, got {args.seeds}")

@@ -24,8 +24,7 @@ import json
 from pathlib import Path
 
 from fairseq_xmlm.devices import default_device, has_gpu
-from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.experiments.commands import python_module, run_command
+from fairseq_xmlm.experiments.commands import parse_choices, python_module, run_command
 from fairseq_xmlm.experiments.dufter import recipe
 from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, SEEDS
 from fairseq_xmlm.experiments.dufter.stock import export_stock
@@ -179,10 +178,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    names = args.runs.split(",") if args.runs else list(RUNS)
-    unknown = [name for name in names if name not in RUNS]
-    if unknown:
-        raise XmlmError(f"unknown runs {unknown}; known: {', '.join(RUNS)}")
+    names = parse_choices(args.runs, RUNS, "runs")
     data, results, preset = Path(args.data), Path(args.results), preset_of(args.preset)
     recipe.ensure_data(data, args.dry_run)
     stock_bin = prepare_stock_data(data, results / "corpus", args.dry_run)
