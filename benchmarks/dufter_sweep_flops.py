@@ -2,7 +2,7 @@
 from the training data (each batch padded to its longest sentence, as the length-sorted batches are), and the time
 they take at the GPU's peak. A measured sweep time (--measured-s) gives the fraction of peak it reached.
 
-    python3 benchmarks/dufter_sweep_flops.py [--data data-bin/fake_english] [--schedule batch128-clip] [--seeds 5]
+    python3 benchmarks/dufter_sweep_flops.py [--data data-bin/fake_english] [--schedule paper-code] [--seeds 5]
         [--measured-s 1645 --measured-schedule 2026-11-28] [--out OUT]
 
 FLOPs per sequence of T positions (forward + backward = 3 x forward; `_common.train_flops_per_token`'s terms):

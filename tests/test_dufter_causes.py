@@ -100,8 +100,9 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
     the default's runs, which train once."""
     plan = causes.needed(list(causes.CAUSES), ("0", "1", "2", "4", "7"))
     assert plan[causes.BASELINE] == ["0", "1", "2", "4", "7"] and plan["no-random-.9"] == ["4", "7"]
-    assert "indomain-dev" not in plan and plan[DEFAULT_SCHEDULE] == ["0", "1", "2", "4", "7"]  # evaluated
-    assert causes.needed(["indomain-dev"], ("4",)) == {DEFAULT_SCHEDULE: ["4"]}
+    assert "indomain-dev" not in plan and plan["batch128-clip"] == ["0", "1", "2", "4", "7"]  # evaluated
+    assert causes.needed(["indomain-dev"], ("4",)) == {"batch128-clip": ["4"]}
+    assert plan[DEFAULT_SCHEDULE] == ["4", "7"]
     capsys.readouterr()
     monkeypatch.setattr(causes.recipe, "has_gpu", lambda: True)  # the packed plan
     main(["causes", "--preset", "small", "--data", str(fake_english_data), "--results", str(tmp_path), "--dry-run"])
@@ -113,7 +114,10 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
         by_setting.setdefault(setting, []).append(line)
     for setting in ("clip", "clip-fp32"):
         assert all("--clip-norm 1.0" in line and "--batch-size 256" in line for line in by_setting[setting])
-    assert all("--clip-norm 1.0" in line and "--batch-size 128" in line for line in by_setting[DEFAULT_SCHEDULE])
+    assert all("--clip-norm 1.0" in line and "--batch-size 128" in line and "--no-random-mask-share" not in line
+               for line in by_setting["batch128-clip"])
+    assert all("--clip-norm 1.0" in line and "--batch-size 128" in line and "--no-random-mask-share 0.9" in line
+               for line in by_setting[DEFAULT_SCHEDULE])
     assert all("--attend-padding" in line for line in by_setting["attend-padding"])
     assert all("--no-random-mask-share 0.9" in line and "--no-random" in line for line in by_setting["no-random-.9"])
     assert all("--batch-size 128" in line and "--clip-norm" not in line for line in by_setting["batch128"])
@@ -141,7 +145,7 @@ def test_tiny_preset_runs_end_to_end_on_the_cpu_and_resumes(fake_english_data, c
     runs = tmp_path / "causes"
     assert "'no_random_mask_share': 0.9" in (runs / "no-random-.9/runs/4/seed0/train.log").read_text()  # its cfg
     assert "_clauses" in (runs / "clauses/runs/4/seed0/train.log").read_text()
-    assert (runs / DEFAULT_SCHEDULE / "runs/4/seed0/eval_indomain.json").exists()
+    assert (runs / "batch128-clip/runs/4/seed0/eval_indomain.json").exists()
     indomain = summary["causes"]["indomain-dev"]["runs"]["4"]
     assert indomain["before"]["ppl_dev"] != indomain["after"]["ppl_dev"]  # another dev set
     table = (tmp_path / "causes.md").read_text()

@@ -192,7 +192,8 @@ def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_eng
         prepare_fake_english_clauses(fake_english_data, clauses)
     common = ["full", "--ids", "0", "--seeds", "1", "--data", str(fake_english_data), "--results", str(tmp_path),
               "--dry-run"]
-    expected = {None: (128, 100, 13700, "1.0"), "batch128-clip": (128, 100, 13700, "1.0"),
+    expected = {None: (128, 100, 13700, "1.0"), "paper-code": (128, 100, 13700, "1.0"),
+                "batch128-clip": (128, 100, 13700, "1.0"),
                 "batch128": (128, 100, 13700, None), "2026-11-28": (256, 100, 6900, None),
                 "epochs200": (256, 200, 13800, None), "clauses": (256, 100, 13700, None)}
     for schedule, (batch, epochs, updates, clip) in expected.items():
@@ -201,6 +202,15 @@ def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_eng
                 int(option(command, "--total-num-update"))) == (batch, epochs, updates), schedule
         assert (option(command, "--clip-norm") if "--clip-norm" in command else None) == clip, schedule
         assert command.split()[3] == str(clauses if schedule == "clauses" else fake_english_data)
+    # the no-random runs' MASK share: the paper's code (.9) by default, its text (.8) under every other schedule
+    for schedule, share in ((None, "0.9"), ("batch128-clip", None), ("2026-11-28", None)):
+        no_random, original = train_commands(capsys, common[:2] + ["4,0"] + common[3:]
+                                             + ([] if schedule is None else ["--schedule", schedule]))
+        assert "--no-random" in no_random.split() and "--no-random-mask-share" not in original
+        if share:
+            assert option(no_random, "--no-random-mask-share") == share
+        else:
+            assert "--no-random-mask-share" not in no_random, schedule
     assert results_dir("2026-11-28") == recipe.REPO / "results" / "dufter"
     assert results_dir("batch128") == recipe.REPO / "results" / "dufter" / "batch128"
 
@@ -245,7 +255,7 @@ def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table
           str(tmp_path)])
     assert "| 0 | original | 1 | 0.45 | 0.70 |" in (tmp_path / "table1_indomain.md").read_text()
     table = json.loads((tmp_path / "dufter_table1.json").read_text())
-    assert set(table) == {"setting", "updates", "seeds", "rows"} and table["setting"].startswith("batch128-clip: ")
+    assert set(table) == {"setting", "updates", "seeds", "rows"} and table["setting"].startswith("paper-code: ")
     assert table["updates"] == 13700 and table["seeds"] == [0, 42] and list(table["rows"]) == ["0", "4"]
     row = table["rows"]["0"]
     assert set(row) == {"mu", "mu_std", "n", "layers", "ppl_train", "ppl_dev"} and row["n"] == 2

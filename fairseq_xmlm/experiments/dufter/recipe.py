@@ -30,11 +30,12 @@ def ensure_data(data, dry_run):
 
 
 def scheduled(preset, schedule):
-    """The preset with the schedule's batch size (unless the preset sets its own), epochs (times its own) and
-    gradient clipping."""
+    """The preset with the schedule's batch size (unless the preset sets its own), epochs (times its own), gradient
+    clipping and no-random MASK share."""
     spec = SCHEDULES[schedule]
     return {**preset, "batch_size": preset.get("batch_size", spec.batch_size),
-            "epochs": preset["epochs"] * spec.epoch_factor, "clip_norm": spec.clip_norm}
+            "epochs": preset["epochs"] * spec.epoch_factor, "clip_norm": spec.clip_norm,
+            "no_random_mask_share": spec.no_random_mask_share}
 
 
 def schedule_data(data, schedule, dry_run):
@@ -106,6 +107,8 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
         command += ["--eval-multilinguality", "--validate-interval-updates", preset["validate_every"]]
     if preset.get("clip_norm") and not spec.untrained:
         command += ["--clip-norm", preset["clip_norm"]]
+    if preset.get("no_random_mask_share") and "--no-random" in spec.flags:
+        command += ["--no-random-mask-share", preset["no_random_mask_share"]]
     if preset.get("max_update"):  # the tiny presets: a few updates of the whole schedule
         command += ["--max-update", preset["max_update"]]
     if preset.get("valid_steps"):  # the dev loss on a few batches, not all 10k sentences, at every validation
