@@ -1,4 +1,5 @@
 """One exception type for bad input, and the one-line report every command gives for it."""
+import argparse
 import functools
 import sys
 
@@ -11,6 +12,14 @@ class XmlmError(Exception):
 
     The message names the problem in one line; console scripts print it as `error: <message>` and exit 2.
     """
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for our commands: a wrong option or value is bad input like any other, so it gets the one
+    `error: ...` line and status 2 (argparse's own prints its whole usage text first)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (--help lists the options)\n")
 
 
 def error_line(err):

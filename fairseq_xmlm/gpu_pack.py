@@ -5,18 +5,17 @@
 One shell-quoted command per line of the file; each one's stdout and stderr go to `log_dir/<index>.log`; commands
 that fail are named in one error at the end (the others still finish); SIGTERM is passed on to the running ones.
 """
-import argparse
 import sys
 import time
 
-from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.errors import ArgumentParser, cli_errors
 from fairseq_xmlm.packed.processes import Job, default_slots, run_jobs
 from fairseq_xmlm.packed.runs import read_commands
 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.gpu_pack",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.gpu_pack",
                                      description="Run many commands side by side on one GPU.")
     parser.add_argument("commands", help="file with one shell-quoted command per line")
     parser.add_argument("--slots", type=int, default=0, help="runs at a time (0: CPU cores / (1 + --workers))")

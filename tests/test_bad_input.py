@@ -388,3 +388,17 @@ def test_an_error_in_a_worker_process_is_one_line_too(worker, tmp_path):
                           timeout=TIMEOUT)
     assert proc.returncode == 2 and proc.stderr == "error: unknown Bible book number 0 (expected 1..66)\n", \
         proc.stderr[-3000:]
+
+
+def test_a_wrong_option_is_one_error_line_too(capsys):
+    """Every command parses with errors.ArgumentParser, so a mistyped option or a missing argument is one
+    `error: ...` line and status 2 like other bad input, not argparse's usage text."""
+    import importlib
+
+    from conftest import expect_cli_error
+
+    parsing = {name: path for name, path in command_modules().items() if "ArgumentParser(" in path.read_text()}
+    assert len(parsing) > 10
+    for name, path in parsing.items():
+        assert "argparse.ArgumentParser(" not in path.read_text(), name
+        expect_cli_error(capsys, importlib.import_module(name).main, ["--no-such-option"], "--help lists the options")

@@ -16,7 +16,6 @@ from each model's task (`task.load_split_sentences`, `task.sentence_input`), so 
 both (xmlm-prepare keeps splits verse-aligned; Fake-English is parallel by construction).
 """
 
-import argparse
 import os
 
 import numpy as np
@@ -29,7 +28,7 @@ from fairseq_xmlm.analysis.word_vectors import (contextual_word_vectors, embeddi
                                                 fasttext_word_vectors, word_translation)
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.data.muse import load_muse_dictionary
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.io import log, write_json
 
 
@@ -144,7 +143,7 @@ def run_cka(args):
 
 def run(argv=None):
     """The command without the console wrapper: returns the result dict (errors raise XmlmError)."""
-    parser = argparse.ArgumentParser(prog="xmlm-analyze", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="xmlm-analyze", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, run in (("word", run_word), ("sentence", run_sentence), ("cka", run_cka)):
         sub = commands.add_parser(name)

@@ -2,16 +2,15 @@
 
 How the table is built and its format: the library, analysis/knn_builder.py.
 """
-import argparse
 
 from fairseq_xmlm.analysis.knn_builder import build_multilingual_table, build_table, is_fake_english_data, save_table
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.io import log
 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="xmlm-build-knn", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="xmlm-build-knn", description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="data-bin directory written by xmlm-prepare")
     parser.add_argument("--langs", default="en",
                         help="two or more languages a,b[,c...]; Fake-English: the one real language")

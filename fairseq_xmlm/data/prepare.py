@@ -2,17 +2,16 @@
 
 The subword modes, the Fake-English data and the splits are described in the library, data/preparation.py.
 """
-import argparse
 
 from fairseq_xmlm.data.preparation import (CLAUSE_MIN_WORDS, DEFAULT_TEST_BOOKS, DEFAULT_VALID_BOOKS, MODES,
                                            prepare_fake_english, prepare_fake_english_clauses,
                                            prepare_fake_english_indomain, prepare_pair)
-from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.errors import ArgumentParser, cli_errors
 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="xmlm-prepare", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="xmlm-prepare", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     pair = commands.add_parser("pair", help="two real languages for bilingual MLM (Conneau et al.)")

@@ -21,7 +21,6 @@ on a GPU, else "fp32"), "mu", "mu_parts", "layers": {"0": {"align_f1", "retrieva
 "ppl": {"train", "valid"}, "n_sentences", "n_words"}; bilingual_mlm adds "langs", "split", "dict" and
 "ppl_per_lang": {lang: {"train", "valid"}}.
 """
-import argparse
 import os
 import time
 
@@ -29,7 +28,7 @@ import torch
 
 from fairseq_xmlm.checkpoints import load_checkpoint, safe_torch_load
 from fairseq_xmlm.data.muse import load_muse_dictionary
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.evaluation.scores import (bilingual_scores, multilinguality_scores, parallel_sentences,
                                             split_perplexity)
 from fairseq_xmlm.io import log, read_meta, write_json
@@ -159,7 +158,7 @@ def summary_line(result):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="xmlm-eval-mult", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="xmlm-eval-mult", description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint", help="a fake_english or bilingual_mlm checkpoint (.pt) written by fairseq-train")
     parser.add_argument("--data", required=True,
                         help="data-bin directory of xmlm-prepare (fake-english, or pair for bilingual_mlm)")

@@ -7,17 +7,16 @@ languages (xmlm-genre, one table for all checkpoints: results/genre.md); then, f
 al.'s selection: a grid of fine-tuning settings, the best two on English dev averaged (fairseq_xmlm.zeroshot.sweep:
 results/genre_sweep.md).
 """
-import argparse
 import sys
 from pathlib import Path
 
-from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.errors import ArgumentParser, cli_errors
 from fairseq_xmlm.experiments.commands import python_module, run_command
 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.genre",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.genre",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT.pt")
     parser.add_argument("--langs", default="fr,de,ru,zh,hi", help="comma-separated target languages")

@@ -16,14 +16,13 @@ A group is saved when it finishes; rerunning the same commands skips runs whose 
 Ctrl-C or --time-limit suspend the group at the next step: it saves its whole state and the process exits 75
 (SUSPENDED), and rerunning the same commands resumes it to the result an uninterrupted run gives.
 """
-import argparse
 import signal
 import sys
 import time
 
 import torch
 
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.io import write_json
 from fairseq_xmlm.packed.group import check_cuda_graphs
 from fairseq_xmlm.packed.locks import take_gpu, take_warm_up
@@ -89,7 +88,7 @@ def train_packed(commands, max_group=40, precision="bf16", device=None, stop=Non
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.packed", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.packed", description=__doc__.split("\n")[0])
     parser.add_argument("commands", help="file with one fairseq-train command per line")
     parser.add_argument("--max-group", type=int, default=40, help="most runs stacked into one model")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")

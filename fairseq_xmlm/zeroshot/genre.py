@@ -5,12 +5,11 @@
 baseline (the most frequent genre of the English training verses), plus the same numbers as JSON
 (`results/genre.json`), in percent like every zero-shot metric of `xmlm-zeroshot`.
 """
-import argparse
 import json
 import os
 from pathlib import Path
 
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.io import write_atomic
 from fairseq_xmlm.zeroshot.bible_genre import GENRE_CONFIG, evaluate_checkpoint, results_table
 
@@ -20,7 +19,7 @@ def main(argv=None):
     from fairseq_xmlm.devices import default_device
     from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig
 
-    parser = argparse.ArgumentParser(prog="xmlm-genre", description="Bible genre classification: fine-tune on "
+    parser = ArgumentParser(prog="xmlm-genre", description="Bible genre classification: fine-tune on "
                                      "English, evaluate zero-shot on held-out books in other languages.")
     parser.add_argument("--checkpoints", nargs="+", required=True, help="pretraining checkpoints (.pt)")
     parser.add_argument("--langs", required=True, help="comma-separated target languages, e.g. fr,de,ru,zh,hi")

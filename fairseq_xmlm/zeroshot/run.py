@@ -12,10 +12,9 @@ prefix. Fine-tuning runs on the GPU when there is one (`--device`). An epoch is 
 or one pass, whichever is smaller: XNLI's 200 epochs are the paper's (its XLM code's) epochs of 20,000 examples;
 NER and parsing epochs are passes.
 """
-import argparse
 
 from fairseq_xmlm.devices import default_device
-from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.errors import ArgumentParser, cli_errors
 from fairseq_xmlm.io import write_json
 from fairseq_xmlm.zeroshot.benchmark import DEFAULT_CONFIG, TASKS, benchmark_from_args
 from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig
@@ -37,7 +36,7 @@ def add_benchmark_arguments(parser):
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.zeroshot.run",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.zeroshot.run",
                                      description="Fine-tune on English, evaluate zero-shot (XNLI, NER, parsing).")
     parser.add_argument("task", choices=TASKS)
     add_benchmark_arguments(parser)

@@ -13,11 +13,10 @@ writes every run plus the selected average. The task files are read and encoded 
 runs on the GPU when there is one (`--device`); an epoch is `--epoch-size` examples or one pass, whichever is
 smaller (the paper's XNLI: 200 epochs of 20,000 examples; NER / parsing: 10 passes).
 """
-import argparse
 import itertools
 from pathlib import Path
 
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.io import write_atomic, write_json
 
 GRIDS = {
@@ -96,7 +95,7 @@ def main(argv=None):
     from fairseq_xmlm.zeroshot import benchmark
     from fairseq_xmlm.devices import default_device
 
-    parser = argparse.ArgumentParser(description="Fine-tuning grid; average of the best two settings on English dev.")
+    parser = ArgumentParser(description="Fine-tuning grid; average of the best two settings on English dev.")
     parser.add_argument("--task", choices=("genre", *benchmark.TASKS), default="genre")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--langs", help="genre: comma-separated target languages")

@@ -9,14 +9,13 @@ Rerun the same command after an interruption: prepared data, evaluated runs and 
 interrupted training resumes. The training text may be any verse-aligned pair of files (`--corpus-dir DIR` with
 DIR/<l1>.txt, DIR/<l2>.txt and verses.tsv), which is how the Wiki-CC domain row is run on corpora from elsewhere.
 """
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
 from fairseq_xmlm.devices import has_gpu
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.experiments.commands import parse_seeds, updates_of
 from fairseq_xmlm.experiments.conneau import recipe, report
 from fairseq_xmlm.experiments.conneau.runs import PRESETS
@@ -33,7 +32,7 @@ GENRE_OPTIONS = {
 
 
 def evaluate_main(argv):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.conneau evaluate",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.conneau evaluate",
                                      description="Evaluate one trained run (retrieval, translation, alignment, "
                                                  "genre, English dev perplexity, training curve).")
     parser.add_argument("--checkpoint", required=True)
@@ -70,7 +69,7 @@ def status(pairs, rows, seeds, checkpoint_root, results_root):
 
 
 def main_run(argv):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.conneau",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.conneau",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", "--pair", default="en-fr,en-ru,en-zh",
                         help="comma-separated pairs, English first (en-fr,en-ru,en-zh); en,fr is read as en-fr")

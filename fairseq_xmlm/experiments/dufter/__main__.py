@@ -16,13 +16,12 @@ With --gpu-pack every pending run is trained at once as stacked models (sweep.py
 GPUs, each run evaluated as soon as its group has trained: the whole of Tables 1 and 2 in one command. SIGTERM
 suspends the packed groups (they save their state) and the same command resumes them.
 """
-import argparse
 import os
 import shlex
 import sys
 from pathlib import Path
 
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.experiments.commands import parse_choices
 from fairseq_xmlm.experiments.dufter import causes, recipe, report, stock, stock_compare, sweep
 from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS,
@@ -30,7 +29,7 @@ from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHED
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="full")
     parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")

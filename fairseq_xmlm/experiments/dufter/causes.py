@@ -11,14 +11,13 @@ command resumes where it stopped); on a GPU they train packed, all settings of o
 parts before (baseline) and after (the cause's setting), means over the seeds present, and how many of those seeds
 stalled (`stalled`).
 """
-import argparse
 import json
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.errors import ArgumentParser, XmlmError
 from fairseq_xmlm.experiments.commands import parse_choices
 from fairseq_xmlm.experiments.dufter import recipe, report, sweep
 from fairseq_xmlm.experiments.dufter.runs import COLUMNS, LEGACY_SCHEDULE, PRESETS, RUNS, SEEDS
@@ -234,7 +233,7 @@ def markdown(summary, preset, seeds):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter causes",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter causes",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=list(PRESETS_OF_CAUSES), default="small")
     parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")

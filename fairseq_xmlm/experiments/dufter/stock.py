@@ -20,10 +20,9 @@ MaskTokensDataset draws from (seed, epoch, index), and the data-loader workers, 
 `set_epoch`. `fake_english` keeps its epoch in shared memory (`data.mlm_dataset`), so its masks change each epoch
 with any number of workers (tests/test_resume.py).
 """
-import argparse
 from pathlib import Path
 
-from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.errors import ArgumentParser, XmlmError
 from fairseq_xmlm.io import log, replace_atomically, write_lines
 from fairseq_xmlm.vocabulary import TWIN_PREFIX, doubled_dictionary, load_data_dictionary, load_split_sentences
 
@@ -54,7 +53,7 @@ def export_stock(data, out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter export-stock",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter export-stock",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="the fake-english data-bin (xmlm-prepare)")
     parser.add_argument("--out", required=True)

@@ -19,11 +19,11 @@ logged train and dev loss (bits per masked token). RESULTS/stock/<run>/ holds ea
 and stock.md the comparison of the runs with a result. Runs with a result are skipped, so the command resumes;
 --runs trains and scores some of them (stock-workers0, whose main process masks every batch, is the slowest).
 """
-import argparse
 import json
 from pathlib import Path
 
 from fairseq_xmlm.devices import default_device, has_gpu
+from fairseq_xmlm.errors import ArgumentParser
 from fairseq_xmlm.experiments.commands import parse_choices, python_module, run_command
 from fairseq_xmlm.experiments.dufter import recipe
 from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, SEEDS
@@ -164,7 +164,7 @@ def markdown(rows, preset, seed, updates):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter stock-compare",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter stock-compare",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=("full", "tiny"), default="full")
     parser.add_argument("--seed", type=int, default=SEEDS[0])

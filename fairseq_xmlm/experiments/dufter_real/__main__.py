@@ -13,12 +13,11 @@ mapped into English space by the unsupervised mapping) or verse_ids (verse-ID Di
 Bible's verse alignment). Both tables are built; DATA.knn.json says how often the fastText neighbours hold the
 verse-ID first neighbour, against chance.
 """
-import argparse
 import os
 import sys
 
 from fairseq_xmlm.devices import has_gpu
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.experiments.commands import parse_seeds, updates_of
 from fairseq_xmlm.experiments.dufter_real import recipe, report
 from fairseq_xmlm.experiments.dufter_real.runs import LANGS, PRESETS, settings
@@ -32,7 +31,7 @@ DEFAULT_KNN_VECTORS = "verse_ids"
 def evaluate_main(argv):
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter_real evaluate",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter_real evaluate",
                                      description="Evaluate one trained run (genre zero-shot, retrieval, curve).")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True, help="result JSON to write")
@@ -53,7 +52,7 @@ def evaluate_main(argv):
 
 
 def main_run(argv):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter_real",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter_real",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="gpu")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")

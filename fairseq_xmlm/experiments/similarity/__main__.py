@@ -6,16 +6,15 @@
 dims). Writes results/analysis/<pair>/{word,sentence,cka}.{json,png} and results/analysis/summary.md; paths are
 relative to the working directory (examples/analysis/run.sh runs it from the repository's root).
 """
-import argparse
 from pathlib import Path
 
-from fairseq_xmlm.errors import cli_errors
+from fairseq_xmlm.errors import ArgumentParser, cli_errors
 from fairseq_xmlm.experiments.similarity import recipe, report
 
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.similarity",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.similarity",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(recipe.PRESETS), default="full")
     parser.add_argument("--corpus-dir", default="data/bible", help="the fetched Bibles (<lang>.txt, verses.tsv)")

@@ -14,10 +14,9 @@ with every language's word order in DIR/word_order.json, no Bible is read again.
 Word similarities (`alignments.py`): verse-ID vectors of the parallel Bible (default), or fastText vectors mapped
 into English space by the unsupervised mapping (--vectors fasttext; runs.py says why it is not the default).
 """
-import argparse
 import json
 
-from fairseq_xmlm.errors import XmlmError, cli_errors
+from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.experiments.word_order import recipe, report
 from fairseq_xmlm.experiments.word_order.runs import ENGLISH, PRESETS, VERSION_OF, WORD_ORDER
 from fairseq_xmlm.io import log
@@ -35,7 +34,7 @@ def parse_english(text):
 
 @cli_errors
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fairseq_xmlm.experiments.word_order",
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.word_order",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--langs", required=True,
                         help="comma-separated languages (their default Bible) or LABEL:CODE (fr_darby:5); all: "
