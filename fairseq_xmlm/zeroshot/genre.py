@@ -20,7 +20,7 @@ def main(argv=None):
     from fairseq_xmlm.zeroshot.finetune import SCHEDULES, FinetuneConfig
 
     parser = ArgumentParser(prog="xmlm-genre", description="Bible genre classification: fine-tune on "
-                                     "English, evaluate zero-shot on held-out books in other languages.")
+                            "English, evaluate zero-shot on held-out books in other languages.")
     parser.add_argument("--checkpoints", nargs="+", required=True, help="pretraining checkpoints (.pt)")
     parser.add_argument("--langs", required=True, help="comma-separated target languages, e.g. fr,de,ru,zh,hi")
     parser.add_argument("--out", required=True, help="markdown table to write (a .json with the same stem too)")

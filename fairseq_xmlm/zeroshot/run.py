@@ -37,7 +37,7 @@ def add_benchmark_arguments(parser):
 @cli_errors
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.zeroshot.run",
-                                     description="Fine-tune on English, evaluate zero-shot (XNLI, NER, parsing).")
+                            description="Fine-tune on English, evaluate zero-shot (XNLI, NER, parsing).")
     parser.add_argument("task", choices=TASKS)
     add_benchmark_arguments(parser)
     parser.add_argument("--out", required=True, help="result JSON to write")

@@ -33,8 +33,8 @@ GENRE_OPTIONS = {
 
 def evaluate_main(argv):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.conneau evaluate",
-                                     description="Evaluate one trained run (retrieval, translation, alignment, "
-                                                 "genre, English dev perplexity, training curve).")
+                            description="Evaluate one trained run (retrieval, translation, alignment, "
+                                        "genre, English dev perplexity, training curve).")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True, help="result JSON to write")
     parser.add_argument("--row", default=None, help="the row of Table 1 (recorded in the result)")
@@ -70,7 +70,7 @@ def status(pairs, rows, seeds, checkpoint_root, results_root):
 
 def main_run(argv):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.conneau",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", "--pair", default="en-fr,en-ru,en-zh",
                         help="comma-separated pairs, English first (en-fr,en-ru,en-zh); en,fr is read as en-fr")
     parser.add_argument("--rows", "--settings", default="all", help="all, or comma-separated rows of Table 1")

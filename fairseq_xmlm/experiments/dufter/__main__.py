@@ -30,7 +30,7 @@ from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHED
 
 def parse_args(argv):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="full")
     parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
     parser.add_argument("--epochs", type=int, help="epochs of every run (default: the preset's; the schedule's "

@@ -234,7 +234,7 @@ def markdown(summary, preset, seeds):
 
 def parse_args(argv):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter causes",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=list(PRESETS_OF_CAUSES), default="small")
     parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
     parser.add_argument("--causes", help=f"comma-separated, of {', '.join(CAUSES)} (default: all)")

@@ -54,7 +54,7 @@ def export_stock(data, out):
 
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter export-stock",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="the fake-english data-bin (xmlm-prepare)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)

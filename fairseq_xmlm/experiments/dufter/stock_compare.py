@@ -165,7 +165,7 @@ def markdown(rows, preset, seed, updates):
 
 def parse_args(argv):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter stock-compare",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=("full", "tiny"), default="full")
     parser.add_argument("--seed", type=int, default=SEEDS[0])
     parser.add_argument("--runs", help=f"comma-separated, of {', '.join(RUNS)} (default: all)")

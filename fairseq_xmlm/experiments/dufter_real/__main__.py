@@ -32,7 +32,7 @@ def evaluate_main(argv):
     import json
 
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter_real evaluate",
-                                     description="Evaluate one trained run (genre zero-shot, retrieval, curve).")
+                            description="Evaluate one trained run (genre zero-shot, retrieval, curve).")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True, help="result JSON to write")
     parser.add_argument("--setting", default=None, help="the row of Table 3 (recorded in the result)")
@@ -53,7 +53,7 @@ def evaluate_main(argv):
 
 def main_run(argv):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter_real",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="gpu")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
     parser.add_argument("--settings", default="all", help="all, or comma-separated IDs (0-base,3-base,...)")

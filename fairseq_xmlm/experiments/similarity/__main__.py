@@ -15,7 +15,7 @@ from fairseq_xmlm.experiments.similarity import recipe, report
 @cli_errors
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.similarity",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(recipe.PRESETS), default="full")
     parser.add_argument("--corpus-dir", default="data/bible", help="the fetched Bibles (<lang>.txt, verses.tsv)")
     parser.add_argument("--data", default="data-bin/bible_mono")

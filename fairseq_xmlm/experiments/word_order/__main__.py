@@ -35,7 +35,7 @@ def parse_english(text):
 @cli_errors
 def main(argv=None):
     parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.word_order",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--langs", required=True,
                         help="comma-separated languages (their default Bible) or LABEL:CODE (fr_darby:5); all: "
                              "every Bible that is not English")
