@@ -150,6 +150,7 @@ def test_tiny_preset_runs_end_to_end_on_the_cpu_and_resumes(fake_english_data, c
     assert indomain["before"]["ppl_dev"] != indomain["after"]["ppl_dev"]  # another dev set
     table = (tmp_path / "causes.md").read_text()
     assert table.count("| 4 no-random |") == 3 and " → " in table
+    assert (tmp_path / "causes.png").stat().st_size > 10_000  # the same rows as a figure
     capsys.readouterr()
     main(argv)
     again = capsys.readouterr().err

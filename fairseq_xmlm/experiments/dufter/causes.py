@@ -7,7 +7,7 @@ cause alone, and sets μ and its parts beside the baseline's same runs.
 
 Each setting's runs live in RESULTS/causes/SETTING/runs/ID/seedS/ (a run with its eval.json is skipped, so the
 command resumes where it stopped); on a GPU they train packed, all settings of one precision in one sweep
-(`packed.processes.train_side_by_side`). Then RESULTS/causes.json and causes.md: per cause and run ID, μ and its
+(`packed.processes.train_side_by_side`). Then RESULTS/causes.json, causes.md and causes.png: per cause and run ID, μ and its
 parts before (baseline) and after (the cause's setting), means over the seeds present, and how many of those seeds
 stalled (`stalled`).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fairseq_xmlm.errors import ArgumentParser, XmlmError
 from fairseq_xmlm.experiments.commands import parse_choices
-from fairseq_xmlm.experiments.dufter import recipe, report, sweep
+from fairseq_xmlm.experiments.dufter import figures, recipe, report, sweep
 from fairseq_xmlm.experiments.dufter.runs import COLUMNS, LEGACY_SCHEDULE, PRESETS, RUNS, SEEDS
 from fairseq_xmlm.io import log, write_atomic, write_json
 
@@ -272,4 +272,5 @@ def main(argv=None):
                                          "columns": list(COLUMNS), "causes": summary})
     text = markdown(summary, args.preset, seeds)
     write_atomic(results / "causes.md", text)
+    figures.plot_causes(summary, results / "causes.png")
     print(text)

@@ -129,3 +129,35 @@ def plot_training_curves(runs, path, metrics=("mu", "retrieval0", "retrieval8", 
             axis.set_xlabel("updates")
     fig.tight_layout()
     return save_png(fig, path)
+
+
+def plot_causes(summary, path):
+    """The causes table as a figure: per cause and run, μ before (open circle) and after (filled), joined by an arrow,
+    the paper's μ of the run as a grey bar, and how many seeds stalled after, where any did."""
+    from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, RUNS
+
+    rows = [(cause, run_id, sides) for cause, entry in summary.items() for run_id, sides in entry["runs"].items()
+            if sides["before"] and sides["after"]]
+    if not rows:
+        raise XmlmError("no cause has results before and after to plot")
+    fig, axis = pyplot().subplots(figsize=(8, 0.28 * len(rows) + 1.2))
+    for y, (cause, run_id, sides) in enumerate(rows):
+        before, after = sides["before"]["mu"], sides["after"]["mu"]
+        color = f"C{list(summary).index(cause) % 10}"
+        axis.annotate("", xy=(after, y), xytext=(before, y), arrowprops={"arrowstyle": "->", "color": color})
+        axis.plot([before], [y], "o", mfc="white", color=color)
+        axis.plot([after], [y], "o", color=color)
+        if run_id in PAPER_TABLE1:
+            axis.plot([PAPER_TABLE1[run_id]["mu"][0]] * 2, [y - 0.35, y + 0.35], color="0.5", linewidth=2)
+        if sides["after"]["stalled"]:
+            axis.annotate(f"{sides['after']['stalled']}/{sides['after']['n']} stalled", (max(before, after), y),
+                          xytext=(6, -3), textcoords="offset points", fontsize=7, color="C3")
+    axis.set_yticks(range(len(rows)), [f"{cause}: {run_id} {RUNS[run_id].description}" for cause, run_id, _ in rows],
+                    fontsize=7)
+    axis.invert_yaxis()
+    axis.set_xlim(0, 1)
+    axis.set_xlabel("μ (open: the 2026-11-28 baseline or the cause's own KJV evaluation; filled: with the cause; "
+                    "grey: the paper)", fontsize=7)
+    axis.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return save_png(fig, path)
