@@ -263,6 +263,11 @@ def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table
     assert row["layers"]["0"] == pytest.approx({"align_f1": 1.0, "retrieval": 0.265, "translation": 0.8})
     assert set(row["layers"]) == {"0", "8"} and row["layers"]["8"]["retrieval"] == pytest.approx(0.9)
     assert (row["ppl_train"], row["ppl_dev"]) == (9.0, 200.0) and table["rows"]["4"]["mu_std"] is None
+    # a preset that trains otherwise than the schedule says (the quickstart's batches of 32) names its own setting
+    main(["quickstart", "--report", "--ids", "0", "--data", str(tmp_path / "no-data-needed"), "--results",
+          str(tmp_path)])
+    setting = json.loads((tmp_path / "dufter_table1.json").read_text())["setting"]
+    assert setting.startswith("paper-code: ") and "; preset quickstart: 3 epochs of batches of 32 sentences" in setting
 
 
 def test_indomain_dev_evaluates_each_run_on_the_bbe_old_testament_too(fake_english_data, tmp_path, capsys):

@@ -106,6 +106,8 @@ def main(argv=None):
     base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
     runs_dir = results / "runs"
     setting = f"{args.schedule}: {SCHEDULES[args.schedule].description}" + (
+        f"; preset {args.preset}: {preset['epochs']} epochs of batches of {preset['batch_size']} sentences"
+        if args.preset != "full" else "") + (
         f"; --clip-norm {preset['clip_norm']:g}" if args.clip_norm is not None else "") + (
         f"; packed, {args.pack_precision}" if args.gpu_pack else "")
     if args.status:
