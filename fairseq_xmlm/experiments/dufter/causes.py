@@ -7,9 +7,9 @@ cause alone, and sets μ and its parts beside the baseline's same runs.
 
 Each setting's runs live in RESULTS/causes/SETTING/runs/ID/seedS/ (a run with its eval.json is skipped, so the
 command resumes where it stopped); on a GPU they train packed, all settings of one precision in one sweep
-(`packed.processes.train_side_by_side`). Then RESULTS/causes.json, causes.md and causes.png: per cause and run ID, μ and its
-parts before (baseline) and after (the cause's setting), means over the seeds present, and how many of those seeds
-stalled (`stalled`).
+(`packed.processes.train_side_by_side`). Then RESULTS/causes.json, causes.md and causes.png: per cause and run ID,
+μ and its parts before (baseline) and after (the cause's setting), means over the seeds present, and how many of
+those seeds stalled (`stalled`).
 """
 import json
 import os
@@ -243,8 +243,8 @@ def parse_args(argv):
     parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter"))
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--report", action="store_true",
-                        help="train and evaluate nothing: write causes.json and causes.md from the results present "
-                             "(causes without any are left out)")
+                        help="train and evaluate nothing: write causes.json, causes.md and causes.png from the "
+                             "results present (causes without any are left out)")
     return parser.parse_args(argv)
 
 

@@ -133,17 +133,19 @@ def plot_training_curves(runs, path, metrics=("mu", "retrieval0", "retrieval8", 
 
 def plot_causes(summary, path):
     """The causes table as a figure: per cause and run, μ before (open circle) and after (filled), joined by an arrow,
-    the paper's μ of the run as a grey bar, and how many seeds stalled after, where any did."""
+    the paper's μ of the run as a grey bar, and how many seeds stalled after, where any did. Writes nothing (returns
+    None) while no run has results on both sides: the tables still report the side there is."""
     from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, RUNS
 
     rows = [(cause, run_id, sides) for cause, entry in summary.items() for run_id, sides in entry["runs"].items()
             if sides["before"] and sides["after"]]
     if not rows:
-        raise XmlmError("no cause has results before and after to plot")
+        return None
+    colors = {cause: f"C{k % 10}" for k, cause in enumerate(summary)}
     fig, axis = pyplot().subplots(figsize=(8, 0.28 * len(rows) + 1.2))
     for y, (cause, run_id, sides) in enumerate(rows):
         before, after = sides["before"]["mu"], sides["after"]["mu"]
-        color = f"C{list(summary).index(cause) % 10}"
+        color = colors[cause]
         axis.annotate("", xy=(after, y), xytext=(before, y), arrowprops={"arrowstyle": "->", "color": color})
         axis.plot([before], [y], "o", mfc="white", color=color)
         axis.plot([after], [y], "o", color=color)
