@@ -97,14 +97,25 @@ def test_export_stock_is_accepted_by_stock_fairseq_preprocess(fake_english_data,
 def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp_path, capsys, monkeypatch):
     """The plan of `causes --preset small`: the baseline trains every run any cause compares; each setting differs
     from it in its cause alone (the no-random share only on the --no-random runs); the in-domain dev set evaluates
-    the default's runs, which train once."""
-    plan = causes.needed(list(causes.CAUSES), ("0", "1", "2", "4", "7"))
+    the default's runs, which train once; fp32 is set against the default, not the baseline."""
+    ids = causes.PRESETS_OF_CAUSES["small"]["ids"]
+    plan = causes.needed(list(causes.CAUSES), ids)
     assert plan[causes.BASELINE] == ["0", "1", "2", "4", "7"] and plan["no-random-.9"] == ["4", "7"]
     assert "indomain-dev" not in plan and plan["batch128-clip"] == ["0", "1", "2", "4", "7"]  # evaluated
     assert causes.needed(["indomain-dev"], ("4",)) == {"batch128-clip": ["4"]}
-    assert plan[DEFAULT_SCHEDULE] == ["4", "7"]
+    assert plan[DEFAULT_SCHEDULE] == ["4", "7", "1", "3"] and plan["paper-code-fp32"] == ["1", "3"]
+    assert causes.needed(["fp32"], ids) == {DEFAULT_SCHEDULE: ["1", "3"], "paper-code-fp32": ["1", "3"]}
     capsys.readouterr()
     monkeypatch.setattr(causes.recipe, "has_gpu", lambda: True)  # the packed plan
+    packed = causes.train_packed
+    precisions = {}
+
+    def train_packed(jobs, results, dry_run):
+        for precision, (training, _) in jobs.items():
+            precisions[precision] = sorted({" ".join(job.argv).split("/causes/")[1].split("/")[0] for job in training})
+        packed(jobs, results, dry_run)
+
+    monkeypatch.setattr(causes, "train_packed", train_packed)
     main(["causes", "--preset", "small", "--data", str(fake_english_data), "--results", str(tmp_path), "--dry-run"])
     trained = [line for line in capsys.readouterr().err.splitlines() if "fairseq_cli.train" in line]
     assert len(trained) == 2 * sum(map(len, plan.values()))  # two seeds
@@ -116,8 +127,11 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
         assert all("--clip-norm 1.0" in line and "--batch-size 256" in line for line in by_setting[setting])
     assert all("--clip-norm 1.0" in line and "--batch-size 128" in line and "--no-random-mask-share" not in line
                for line in by_setting["batch128-clip"])
-    assert all("--clip-norm 1.0" in line and "--batch-size 128" in line and "--no-random-mask-share 0.9" in line
-               for line in by_setting[DEFAULT_SCHEDULE])
+    assert all("--clip-norm 1.0" in line and "--batch-size 128" in line
+               and ("--no-random-mask-share 0.9" in line) == (" --no-random" in line) for line in by_setting[DEFAULT_SCHEDULE])
+    assert ([line.replace("paper-code-fp32", DEFAULT_SCHEDULE) for line in by_setting["paper-code-fp32"]]
+            == [line for line in by_setting[DEFAULT_SCHEDULE] if "--lang-pos" in line or "--inv-order" in line])
+    assert precisions["fp32"] == ["clip-fp32", "paper-code-fp32"] and "paper-code-fp32" not in precisions["bf16"]
     assert all("--attend-padding" in line for line in by_setting["attend-padding"])
     assert all("--no-random-mask-share 0.9" in line and "--no-random" in line for line in by_setting["no-random-.9"])
     assert all("--batch-size 128" in line and "--clip-norm" not in line for line in by_setting["batch128"])

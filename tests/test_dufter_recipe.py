@@ -258,7 +258,8 @@ def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table
     assert set(table) == {"setting", "updates", "seeds", "rows"} and table["setting"].startswith("paper-code: ")
     assert table["updates"] == 13700 and table["seeds"] == [0, 42] and list(table["rows"]) == ["0", "4"]
     row = table["rows"]["0"]
-    assert set(row) == {"mu", "mu_std", "n", "layers", "ppl_train", "ppl_dev"} and row["n"] == 2
+    assert set(row) == {"mu", "mu_std", "n", "layers", "ppl_train", "ppl_dev", "stalled"}
+    assert row["n"] == 2 and row["stalled"] == 0  # the schema, and how many seeds stalled
     assert row["mu"] == pytest.approx(0.65) and row["mu_std"] == pytest.approx(0.0707, abs=1e-4)
     assert row["layers"]["0"] == pytest.approx({"align_f1": 1.0, "retrieval": 0.265, "translation": 0.8})
     assert set(row["layers"]) == {"0", "8"} and row["layers"]["8"]["retrieval"] == pytest.approx(0.9)

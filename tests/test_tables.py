@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.experiments.dufter.report import aggregate, mean_std, write_tables
+from fairseq_xmlm.experiments.dufter.report import aggregate, mean_std, table_json, write_tables
 from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, PAPER_TABLE2, RUNS, TABLE1_IDS, TABLE2_IDS
 
 
@@ -82,14 +82,24 @@ def test_a_broken_result_file_is_named(tmp_path):
         write_tables(tmp_path / "runs", tmp_path / "out")
 
 
-def test_a_seed_that_did_not_learn_is_named_below_the_table(tmp_path):
+def test_a_seed_that_stalled_is_named_below_the_table(tmp_path):
+    """Stalled: a training perplexity over 10x the median of every trained run of the table, also in a row where
+    most seeds stalled (its own median is a stalled seed); untrained runs set no median."""
     runs = tmp_path / "runs"
     for seed, ppl in ((1, 11.0), (2, 12.0), (3, 564.0)):
         write_result(runs, "0", seed, dict(fake_result(0.6), checkpoint=f"runs/0/seed{seed}/ck.pt", ppl={
             "train": ppl, "valid": 200.0}))
-    for seed, ppl in ((1, 11.0), (2, 500.0)):  # two seeds: no median to speak of
-        write_result(runs, "2", seed, dict(fake_result(0.5), ppl={"train": ppl, "valid": 200.0}))
+    for seed, ppl in ((1, 553.0), (2, 276.0), (3, 10.9)):  # two of three stalled
+        write_result(runs, "1", seed, dict(fake_result(0.1), checkpoint=f"runs/1/seed{seed}/ck.pt", ppl={
+            "train": ppl, "valid": 900.0}))
+    write_result(runs, "2", 1, fake_result(0.5, ppl=(10.0, 200.0)))
+    for seed in (1, 2, 3):
+        write_result(runs, "18", seed, fake_result(0.0, ppl=(3692.0, 3680.0)))
     text = write_tables(runs, tmp_path / "out")[0].read_text()
     assert "| 0 | original | 3 | 0.60 ± 0.00 |" in text  # still in the mean
     notes = [line for line in text.splitlines() if line.startswith("- ID")]
-    assert notes == ["- ID 0: runs/0/seed3/ck.pt (train perplexity 564, row mean 196)"]
+    assert notes == ["- ID 0: runs/0/seed3/ck.pt (train perplexity 564, row mean 196)",
+                     "- ID 1: runs/1/seed1/ck.pt (train perplexity 553, row mean 280)",
+                     "- ID 1: runs/1/seed2/ck.pt (train perplexity 276, row mean 280)"]
+    table = table_json(runs, "test")
+    assert (table["rows"]["1"]["stalled"], table["rows"]["1"]["n"], table["rows"]["18"]["stalled"]) == (2, 3, 0)
