@@ -11,7 +11,9 @@ import torch
 from fairseq_xmlm.data import bible_verses
 from fairseq_xmlm.experiments.conneau import report
 from fairseq_xmlm.experiments.conneau.evaluate import cka_by_layer
-from fairseq_xmlm.experiments.conneau.recipe import parse_pairs, parse_rows
+from fairseq_xmlm.experiments.commands import parse_choices
+from fairseq_xmlm.experiments.conneau.recipe import parse_pairs
+from fairseq_xmlm.experiments.conneau.runs import SETTINGS
 from fairseq_xmlm.errors import XmlmError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,5 +113,8 @@ def test_bad_pairs_and_rows():
     for text in ("fr-en", "en-en", "en", ""):
         with pytest.raises(XmlmError):
             parse_pairs(text)
-    with pytest.raises(XmlmError, match="unknown row"):
-        parse_rows("default,sep_everything")
+    assert parse_choices(" default , sep_emb", SETTINGS, "rows") == ["default", "sep_emb"]
+    assert parse_choices("all", SETTINGS, "rows") == list(SETTINGS)
+    for text in ("default,sep_everything", ","):
+        with pytest.raises(XmlmError, match="unknown rows"):
+            parse_choices(text, SETTINGS, "rows")

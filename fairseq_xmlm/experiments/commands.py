@@ -21,12 +21,15 @@ def parse_seeds(text):
 
 
 def parse_choices(text, known, what, default=None):
-    """'a,b' -> ["a", "b"], each one of `known` (else one error naming the unknown ones and `what` they are);
-    empty or None -> `default` (every one of `known` without one)."""
-    chosen = text.split(",") if text else list(known if default is None else default)
+    """'a, b' -> ["a", "b"], each one of `known` (else one error naming the unknown ones and `what` they are);
+    "all" -> every one of `known`; empty or None -> `default` (every one of `known` without one)."""
+    if text == "all":
+        return list(known)
+    chosen = ([name.strip() for name in text.split(",") if name.strip()] if text
+              else list(known if default is None else default))
     unknown = [name for name in chosen if name not in known]
-    if unknown:
-        raise XmlmError(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    if unknown or not chosen:
+        raise XmlmError(f"unknown {what} {unknown or '(none given)'}; known: all, {', '.join(known)}")
     return chosen
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
-from fairseq_xmlm.experiments.commands import parse_seeds, updates_of
+from fairseq_xmlm.experiments.commands import parse_choices, parse_seeds, updates_of
 from fairseq_xmlm.experiments.conneau import recipe, report
-from fairseq_xmlm.experiments.conneau.runs import PRESETS
+from fairseq_xmlm.experiments.conneau.runs import PRESETS, SETTINGS
 from fairseq_xmlm.io import log, write_json
 
 # The genre benchmark's fine-tuning per preset: a sample of the English training verses, a few epochs (an epoch
@@ -98,7 +98,7 @@ def main_run(argv):
     args = parser.parse_args(argv)
     args.preset = args.preset_name or args.preset
     pairs = recipe.parse_pairs(args.pairs)
-    rows = recipe.parse_rows(args.rows)
+    rows = parse_choices(args.rows, SETTINGS, "rows")
     seeds = parse_seeds(args.seeds) if args.seeds else list(PRESETS[args.preset]["seeds"])
     train_extra = args.train_args.split()
     updates = updates_of(PRESETS[args.preset]["train"] + train_extra)

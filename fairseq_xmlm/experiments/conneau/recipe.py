@@ -54,14 +54,6 @@ def parse_pairs(text):
     return pairs
 
 
-def parse_rows(text):
-    names = list(SETTINGS) if text == "all" else [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in SETTINGS]
-    if unknown or not names:
-        raise XmlmError(f"unknown row(s) {', '.join(unknown) or '(none)'}; choose from all, {', '.join(SETTINGS)}")
-    return names
-
-
 def data_dir(data_root, pair, kind):
     return Path(data_root) / f"{pair.replace('-', '_')}_{kind}"
 

@@ -18,7 +18,7 @@ import sys
 
 from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
-from fairseq_xmlm.experiments.commands import parse_seeds, updates_of
+from fairseq_xmlm.experiments.commands import parse_choices, parse_seeds, updates_of
 from fairseq_xmlm.experiments.dufter_real import recipe, report
 from fairseq_xmlm.experiments.dufter_real.runs import LANGS, PRESETS, settings
 from fairseq_xmlm.io import log, write_json
@@ -71,7 +71,7 @@ def main_run(argv):
     parser.add_argument("--report", action="store_true", help="only write the table and figure")
     args = parser.parse_args(argv)
     langs = recipe.parse_langs(args.langs)
-    names = recipe.parse_settings(args.settings, langs)
+    names = parse_choices(args.settings, settings(langs), "settings")
     seeds = parse_seeds(args.seeds) if args.seeds else list(PRESETS[args.preset]["seeds"])
     train_extra = args.train_args.split()
     updates = updates_of(PRESETS[args.preset]["train"] + train_extra)

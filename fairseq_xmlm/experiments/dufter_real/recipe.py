@@ -46,15 +46,6 @@ def parse_langs(text):
     return langs
 
 
-def parse_settings(text, langs):
-    known = settings(langs)
-    names = list(known) if text == "all" else [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in known]
-    if unknown or not names:
-        raise XmlmError(f"unknown setting(s) {', '.join(unknown) or '(none)'}; choose from all, {', '.join(known)}")
-    return names
-
-
 def prepare_data(corpus_dir, langs, preset, data_dir):
     """The Bibles (xmlm-fetch-bible's default versions: BBE, Schlachter, Hindi IRV, ...) and the data-bin."""
     from fairseq_xmlm.data.preparation import prepare_pair
