@@ -75,17 +75,18 @@ CAUSES = {
                           ("4", "7")),
     "attend-padding": Cause("random mixed batches attending to their padding (the paper's code)", "attend-padding",
                             ("0", "1", "2", "4", "7")),
-    # lang-pos and inv-order stalled in 3 of 5 seeds in bf16 under the default (the 5-seed table); the paper's code
-    # trains in fp32
+    # lang-pos stalled in 2 of 3 seeds in bf16 under the default (the 5-seed table); the paper's code trains in fp32.
+    # lang-pos alone: packed fp32 trained the clip-fp32 cause's 10 runs of 6,900 updates in 1,055 s on an H200, so
+    # 5 seeds of 13,700 take about as long
     "fp32": Cause("fp32 (packed) for bf16 under the default (paper-code), as the paper's code", "paper-code-fp32",
-                  ("1", "3"), before="paper-code"),
+                  ("1",), before="paper-code"),
     "indomain-dev": Cause("dev set in-domain (BBE Old Testament) for KJV: batch128-clip's runs, evaluated twice",
                           "batch128-clip", MOST, indomain=True),
 }
 
 # which runs and seeds a preset trains, on which recipe preset (runs.PRESETS)
 PRESETS_OF_CAUSES = {
-    "small": {"recipe": "full", "ids": ("0", "1", "2", "3", "4", "7"), "seeds": 2},  # BERT-small runs only
+    "small": {"recipe": "full", "ids": ("0", "1", "2", "4", "7"), "seeds": 2},  # BERT-small runs only
     "all": {"recipe": "full", "ids": MOST, "seeds": 2},
     "tiny": {"recipe": "tiny", "ids": ("4",), "seeds": 1},  # the plumbing, on the CPU in about a minute
 }
