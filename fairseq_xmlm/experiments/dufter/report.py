@@ -173,7 +173,8 @@ def trained_updates(runs_dir):
 def table_json(runs_dir, setting, ids=None):
     """Tables 1 and 2 as docs/results/dufter_table1.json holds them: {"setting", "updates", "seeds", "rows": {ID:
     {"mu", "mu_std" (None for one seed), "n", "layers": {"0"|"8": {"align_f1", "retrieval", "translation"}},
-    "ppl_train", "ppl_dev", "stalled" (how many of the n seeds stalled, `stall_ppl`)}}}, means over the seeds present, rows in RUNS' order (only `ids`, if given)."""
+    "ppl_train", "ppl_dev", "stalled" (how many of the n seeds stalled, `stall_ppl`)}}}, means over the seeds
+    present, rows in RUNS' order (only `ids`, if given)."""
     summaries = summarise_runs(load_run_results(runs_dir))
     rows = {}
     for run_id in RUNS:
