@@ -128,9 +128,10 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
     assert all("--clip-norm 1.0" in line and "--batch-size 128" in line and "--no-random-mask-share" not in line
                for line in by_setting["batch128-clip"])
     assert all("--clip-norm 1.0" in line and "--batch-size 128" in line
-               and ("--no-random-mask-share 0.9" in line) == (" --no-random" in line) for line in by_setting[DEFAULT_SCHEDULE])
+               and ("--no-random-mask-share 0.9" in line) == ("--no-random" in line.split())
+               for line in by_setting[DEFAULT_SCHEDULE])
     assert ([line.replace("paper-code-fp32", DEFAULT_SCHEDULE) for line in by_setting["paper-code-fp32"]]
-            == [line for line in by_setting[DEFAULT_SCHEDULE] if " --lang-pos" in line])
+            == [line for line in by_setting[DEFAULT_SCHEDULE] if "--lang-pos" in line.split()])
     assert precisions["fp32"] == ["clip-fp32", "paper-code-fp32"] and "paper-code-fp32" not in precisions["bf16"]
     assert all("--attend-padding" in line for line in by_setting["attend-padding"])
     assert all("--no-random-mask-share 0.9" in line and "--no-random" in line for line in by_setting["no-random-.9"])
