@@ -8,8 +8,8 @@ the setting it names as `before`) in that cause alone, and sets μ and its parts
 Each setting's runs live in RESULTS/causes/SETTING/runs/ID/seedS/ (a run with its eval.json is skipped, so the
 command resumes where it stopped); on a GPU they train packed, all settings of one precision in one sweep
 (`packed.processes.train_side_by_side`). Then RESULTS/causes.json, causes.md and causes.png: per cause and run ID,
-μ and its parts before (baseline) and after (the cause's setting), means over the seeds present, and how many of
-those seeds stalled (`stalled`).
+μ and its parts before (the baseline, or the cause's `before`) and after (the cause's setting), means over the seeds
+present, and how many of those seeds stalled (`stalled`).
 """
 import os
 from dataclasses import dataclass
@@ -174,9 +174,9 @@ def means(results, stall_ppl):
 
 
 def summarise(causes, ids, results):
-    """{cause: {"description", "setting", "updates": {"before", "after"}, "runs": {ID: {"before", "after"}}}}: μ and
-    its parts (COLUMNS) averaged over the seeds present, and the seeds that stalled; None where a side has no result
-    yet."""
+    """{cause: {"description", "setting", "before" (the setting set against), "updates": {"before", "after"}, "runs":
+    {ID: {"before", "after"}}}}: μ and its parts (COLUMNS) averaged over the seeds present, and the seeds that stalled
+    (report.stall_ppl); None where a side has no result yet."""
     loaded = {path.parent.name: report.load_run_results(path)
               for path in sorted((Path(results) / "causes").glob("*/runs"))}
     indomain = {setting: report.load_run_results(runs_of(results, setting), "eval_indomain.json")
