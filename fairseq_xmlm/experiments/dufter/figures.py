@@ -158,8 +158,8 @@ def plot_causes(summary, path):
                     fontsize=7)
     axis.invert_yaxis()
     axis.set_xlim(0, 1)
-    axis.set_xlabel("μ (open: the 2026-11-28 baseline or the cause's own KJV evaluation; filled: with the cause; "
-                    "grey: the paper)", fontsize=7)
+    axis.set_xlabel("μ (open: the setting set against, the 2026-11-28 baseline unless the cause names another, or "
+                    "the cause's own KJV evaluation; filled: with the cause; grey: the paper)", fontsize=7)
     axis.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return save_png(fig, path)
