@@ -65,6 +65,18 @@ def test_table3_end_to_end_in_the_issues_schema(table3):
     assert any("@ 3 updates" in path.read_text() for path in (root / "results" / "logs").glob("*.log"))
 
 
+def test_runs_clip_the_gradient_unless_train_args_say_otherwise(table3, tmp_path):
+    root, _ = table3
+    # fairseq-train logs its whole configuration: every run of the table trained with the norm clipped at 1.0
+    for setting in SETTINGS:
+        assert "'clip_norm': 1.0" in (root / "checkpoints" / setting / "seed1" / "train.log").read_text()
+    # --train-args come after the preset's options, so that "--clip-norm 0" is the value fairseq-train keeps
+    argv = table3_recipe.train_command(table3_recipe.Run("0-base", 1), ("en", "de", "hi"), "gpu", tmp_path,
+                                       tmp_path, "verse_ids", ["--clip-norm", "0"])
+    values = [argv[i + 1] for i, option in enumerate(argv) if option == "--clip-norm"]
+    assert values == ["1.0", "0"]
+
+
 def test_table3_third_sitting_redoes_nothing(table3, bible_dir):
     root, _ = table3
     before = {path: path.stat().st_mtime_ns for path in (root / "results").glob("*/seed1.json")}

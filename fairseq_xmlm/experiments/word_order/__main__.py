@@ -82,7 +82,8 @@ def main(argv=None):
     if zero_shot is None:
         model = args.model or "none (word order only)"
     else:
-        model = args.model or (f"{args.preset} preset: joint-BPE bilingual_mlm over {ENGLISH},{','.join(versions)}"
+        model = args.model or (f"{args.preset} preset: joint-BPE bilingual_mlm over "
+                               f"{','.join([ENGLISH, *recipe.trained_languages(versions)])}"
                                if args.train else ", ".join(zero_shot["checkpoints"]))
     summary = report.write_report(args.out, model, word_order, settings, zero_shot)
     log(f"word order: wrote {args.out}/table4.md, dufter_table4.json, table4.png"

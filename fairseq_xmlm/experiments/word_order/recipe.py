@@ -251,6 +251,12 @@ def train_command(data, langs, save_dir, preset, seed):
             "--log-interval", "100", "--seed", seed, *device, *PRESETS[preset]["train"]]
 
 
+def trained_languages(labels):
+    """The Bibles the multilingual model trains on, besides English: one per language, the plain codes (`fr`, not
+    another version such as `fr_o`)."""
+    return [label for label in labels if "_" not in label]
+
+
 def train_and_evaluate(corpus_dir, labels, work_dir, preset, seed=1):
     """Prepare the multilingual data-bin (English + the plain-language `labels`, one joint BPE; another version of
     a language, `fr_o`, is left out: one Bible per language), train it, run the genre benchmark (written as
@@ -260,10 +266,10 @@ def train_and_evaluate(corpus_dir, labels, work_dir, preset, seed=1):
     from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
     from fairseq_xmlm.zeroshot.bible_genre import GENRE_CONFIG, evaluate_checkpoint, results_table
 
-    suffixed = [label for label in labels if "_" in label]
+    suffixed = [label for label in labels if label not in trained_languages(labels)]
     if suffixed:
         log(f"word order: the multilingual model leaves out {', '.join(suffixed)} (one Bible per language)")
-    labels = [label for label in labels if "_" not in label]
+    labels = trained_languages(labels)
     if not labels:
         raise XmlmError("--train needs at least one language given by its plain code (fr, de, ...)")
     work_dir = Path(work_dir)
