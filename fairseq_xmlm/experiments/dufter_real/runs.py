@@ -40,8 +40,8 @@ def _model(layers, dim, heads, ffn, tokens):
 
 def _schedule(batch, lr, warmup, updates, interval):
     # The gradient norm clipped at 1.0 (as Dufter's code): unclipped, 5 of the gpu preset's 12 runs diverged at the
-    # peak learning rate (loss back to 10.6 bits) and 3 of 4 with 12,000 updates; clipped, none of the 4 retried.
-    # --train-args "--clip-norm 0" trains unclipped.
+    # peak learning rate (loss back up to 9.6-10.9 bits) and 3 of 4 with 12,000 updates; clipped, none of the 4
+    # retried. --train-args "--clip-norm 0" trains unclipped.
     return ["--batch-size", str(batch), "--lr", str(lr), "--warmup-updates", str(warmup), "--max-update",
             str(updates), "--validate-interval-updates", str(interval), "--save-interval-updates", str(interval),
             "--clip-norm", "1.0"]

@@ -266,10 +266,11 @@ def train_and_evaluate(corpus_dir, labels, work_dir, preset, seed=1):
     from fairseq_xmlm.zeroshot.finetune import FinetuneConfig
     from fairseq_xmlm.zeroshot.bible_genre import GENRE_CONFIG, evaluate_checkpoint, results_table
 
-    suffixed = [label for label in labels if label not in trained_languages(labels)]
-    if suffixed:
-        log(f"word order: the multilingual model leaves out {', '.join(suffixed)} (one Bible per language)")
-    labels = trained_languages(labels)
+    trained = trained_languages(labels)
+    left_out = [label for label in labels if label not in trained]
+    if left_out:
+        log(f"word order: the multilingual model leaves out {', '.join(left_out)} (one Bible per language)")
+    labels = trained
     if not labels:
         raise XmlmError("--train needs at least one language given by its plain code (fr, de, ...)")
     work_dir = Path(work_dir)
