@@ -1,0 +1,157 @@
+"""Which part of a GPU run makes a Dufter run stall: the same runs' first epochs trained several ways, and how many
+of them stay on the unigram plateau in each.
+
+    python -m fairseq_xmlm.experiments.dufter stall-probe [--ids 1,3] [--seeds 20] [--updates 420]
+        [--variants fairseq,eager,compile,graphs] [--precision fp32|bf16] [--data DIR] [--results DIR]
+
+A stall is decided in the first few hundred updates: a run leaves the plateau at the peak learning rate or never
+does (results.md, "Causes"). Each run ID is trained with N seeds (the paper's five first, then 1000, 1001, ...)
+under the default schedule (its learning-rate curve, clipping and batches) for its first --updates updates, in each
+variant: `fairseq` (fairseq-train, fp32, one process per run), `eager` (the packed trainer, all runs stacked in one
+model), `compile` (and its stacked layers and optimizer step compiled), `graphs` (and each batch shape's update
+replayed as a CUDA graph, as the GPU sweep trains; GPU only). A run has stalled when the training loss of its last
+full epoch is over STALL_MARGIN bits above the median of its run ID over every variant: at epoch 3 the runs that
+left the plateau stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45 (2026-11-29, docs/results/dufter_stall_cpu.json).
+RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/fairseq/logs/); a variant with
+RESULTS/VARIANT/done is skipped. Writes
+RESULTS/stall_probe.json (each run's loss per epoch and whether it stalled; per variant and ID how many stalled).
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+from statistics import median
+
+from fairseq_xmlm.devices import has_gpu
+from fairseq_xmlm.errors import ArgumentParser, XmlmError
+from fairseq_xmlm.experiments.commands import parse_choices, python_module
+from fairseq_xmlm.experiments.dufter import recipe
+from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, RUNS, SEEDS
+from fairseq_xmlm.io import log, write_json
+
+STALL_MARGIN = 0.2  # bits over the run ID's median loss at the last full epoch
+VARIANTS = {"fairseq": None, "eager": [], "compile": ["--compile"], "graphs": ["--compile", "--cuda-graphs"]}
+
+
+def probe_seeds(count):
+    """The paper's seeds first, then 1000, 1001, ..."""
+    return list(SEEDS[:count]) + [1000 + k for k in range(max(0, count - len(SEEDS)))]
+
+
+def probe_commands(ids, seeds, data, variant_dir, updates):
+    """{(ID, seed): fairseq-train argv}: the default schedule's command of each run, capped at `updates` updates,
+    without the multilinguality hook, its log in variant_dir/ID/seedS/train.log."""
+    preset = recipe.scheduled(PRESETS["full"], DEFAULT_SCHEDULE)
+    commands = {}
+    for run_id in ids:
+        for seed in seeds:
+            run_dir = variant_dir / run_id / f"seed{seed}"
+            command = [str(c) for c in recipe.train_command(run_id, seed, data, run_dir / "checkpoints", preset,
+                                                            knn_table="")]
+            if "--eval-multilinguality" in command:
+                command.remove("--eval-multilinguality")
+            commands[run_id, seed] = command + ["--max-update", str(updates), "--log-file", str(run_dir / "train.log")]
+    return commands
+
+
+def train_variant(name, commands, variant_dir, precision):
+    """Every command of one variant; the packed ones in one `python -m fairseq_xmlm.packed` process."""
+    from fairseq_xmlm.packed.processes import Job, default_slots, run_jobs
+
+    for argv in commands.values():
+        Path(argv[argv.index("--save-dir") + 1]).mkdir(parents=True, exist_ok=True)
+    if VARIANTS[name] is None:
+        run_jobs([Job(argv) for argv in commands.values()], default_slots(0), variant_dir / "logs")
+        return
+    listing = variant_dir / "commands.txt"
+    listing.write_text("".join(" ".join(argv) + "\n" for argv in commands.values()))
+    argv = [*python_module("fairseq_xmlm.packed"), str(listing), "--precision", precision, "--max-group",
+            str(len(commands)), *VARIANTS[name]]
+    with open(variant_dir / "packed.log", "w") as out:
+        if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode:
+            raise XmlmError(f"the {name} variant failed: see {variant_dir / 'packed.log'}")
+
+
+def log_of(variant, variant_dir, index, argv):
+    """Where a run's epoch records are: fairseq-train's output (its --log-file misses the first epoch's), or the
+    packed trainer's --log-file."""
+    if VARIANTS[variant] is None:
+        return variant_dir / "logs" / f"{index}.log"
+    return argv[argv.index("--log-file") + 1]
+
+
+def epoch_losses(log_path, full_epochs):
+    """Training loss (bits) per epoch from a fairseq json log (fairseq-train writes them as strings)."""
+    losses = {}
+    for line in Path(log_path).read_text().splitlines():
+        if "| train |" in line and "{" in line:
+            record = json.loads(line[line.index("{"):])
+            losses[int(record["epoch"])] = float(record["train_loss"])
+    if len(losses) < full_epochs:
+        raise XmlmError(f"{log_path} logs {len(losses)} epochs, not the {full_epochs} full ones of its updates")
+    return [losses[epoch] for epoch in sorted(losses)]
+
+
+def summarise(losses, full_epochs):
+    """{"runs": {variant: {ID: {seed: {"loss_per_epoch", "stalled"}}}}, "stalled": {variant: {ID: "k/n"}}}, with
+    `losses` {variant: {(ID, seed): [loss per epoch]}}: stalled against the ID's median over every variant."""
+    last = {(variant, key): values[full_epochs - 1] for variant, per_run in losses.items()
+            for key, values in per_run.items()}
+    medians = {run_id: median(v for (_, (i, _)), v in last.items() if i == run_id)
+               for run_id in {i for _, (i, _) in last}}
+    runs, counts = {}, {}
+    for variant, per_run in losses.items():
+        for (run_id, seed), values in per_run.items():
+            stalled = last[variant, (run_id, seed)] > medians[run_id] + STALL_MARGIN
+            runs.setdefault(variant, {}).setdefault(run_id, {})[str(seed)] = {"loss_per_epoch": values,
+                                                                              "stalled": stalled}
+        counts[variant] = {run_id: f"{sum(r['stalled'] for r in by_seed.values())}/{len(by_seed)}"
+                           for run_id, by_seed in runs[variant].items()}
+    return {"runs": runs, "stalled": counts}
+
+
+def parse_args(argv):
+    parser = ArgumentParser(prog="python -m fairseq_xmlm.experiments.dufter stall-probe",
+                            description=__doc__.split("\n")[0])
+    parser.add_argument("--ids", default="1,3", help="comma-separated run IDs (default: lang-pos and inv-order)")
+    parser.add_argument("--seeds", type=int, default=20, help="seeds per run ID (the paper's five first)")
+    parser.add_argument("--updates", type=int, default=420, help="updates of each run (default: 3 epochs and a bit)")
+    parser.add_argument("--variants", default="fairseq,eager,compile,graphs", help=f"of {', '.join(VARIANTS)}")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="the packed variants'")
+    parser.add_argument("--data", default=str(recipe.REPO / "data-bin" / "fake_english"))
+    parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter" / "stall_probe"))
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    ids = parse_choices(args.ids, RUNS, "run IDs")
+    variants = parse_choices(args.variants, VARIANTS, "variants")
+    if any(RUNS[run_id].untrained for run_id in ids):
+        raise XmlmError("untrained runs cannot stall: leave out " + ", ".join(i for i in ids if RUNS[i].untrained))
+    if "graphs" in variants and not has_gpu():
+        raise XmlmError("the graphs variant replays CUDA graphs: it needs a GPU")
+    if args.seeds < 1 or args.updates < 1:
+        raise XmlmError(f"--seeds and --updates must be at least 1, got {args.seeds} and {args.updates}")
+    data, results = Path(args.data), Path(args.results)
+    recipe.ensure_data(data, dry_run=False)
+    full_epochs = args.updates // recipe.updates_per_epoch(data, False, recipe.scheduled(
+        PRESETS["full"], DEFAULT_SCHEDULE)["batch_size"])
+    if full_epochs < 1:
+        raise XmlmError(f"--updates {args.updates} is less than one epoch: a stall shows at the end of an epoch")
+    losses = {}
+    for name in variants:
+        variant_dir = results / name
+        variant_dir.mkdir(parents=True, exist_ok=True)
+        commands = probe_commands(ids, probe_seeds(args.seeds), data, variant_dir, args.updates)
+        if not (variant_dir / "done").exists():
+            log(f"stall probe: {name}, {len(commands)} runs of {args.updates} updates")
+            train_variant(name, commands, variant_dir, args.precision)
+            (variant_dir / "done").touch()
+        losses[name] = {key: epoch_losses(log_of(name, variant_dir, index, argv), full_epochs)
+                        for index, (key, argv) in enumerate(commands.items())}
+    summary = {"ids": ids, "seeds": probe_seeds(args.seeds), "updates": args.updates, "full_epochs": full_epochs,
+               "precision": args.precision, "stall_margin_bits": STALL_MARGIN, **summarise(losses, full_epochs)}
+    write_json(results / "stall_probe.json", summary)
+    for name, counts in summary["stalled"].items():
+        log(f"stall probe: {name}: stalled " + ", ".join(f"ID {i} {c}" for i, c in counts.items()))

@@ -1,0 +1,58 @@
+"""The stall probe: the same Dufter runs' first updates in fairseq-train and in the packed trainer, each run's loss
+per epoch and the stalled ones counted against their run ID's median (real runs on the CPU, a few updates)."""
+import json
+
+import pytest
+
+from fairseq_xmlm.experiments.dufter import stall_probe
+from conftest import expect_cli_error
+
+
+def test_a_run_stalls_when_its_last_full_epoch_is_over_the_margin_above_its_ids_median():
+    losses = {"fairseq": {("1", 0): [9.3, 7.9], ("1", 42): [9.3, 7.8], ("3", 0): [9.7, 7.9]},
+              "graphs": {("1", 0): [9.3, 8.4], ("1", 42): [9.3, 7.85], ("3", 0): [9.7, 7.95]}}
+    summary = stall_probe.summarise(losses, full_epochs=2)
+    assert summary["stalled"] == {"fairseq": {"1": "0/2", "3": "0/1"}, "graphs": {"1": "1/2", "3": "0/1"}}
+    assert summary["runs"]["graphs"]["1"]["0"] == {"loss_per_epoch": [9.3, 8.4], "stalled": True}
+
+
+def test_probe_seeds_are_the_papers_then_new_ones():
+    assert stall_probe.probe_seeds(2) == [0, 42]
+    assert stall_probe.probe_seeds(7) == [0, 42, 43, 100, 101, 1000, 1001]
+
+
+def test_probe_trains_each_variant_once_and_counts_stalls(fake_english_data, tmp_path, monkeypatch):
+    # a 4-update "epoch", so that a few real updates make one full epoch of each run
+    monkeypatch.setattr(stall_probe.recipe, "updates_per_epoch", lambda *args: 4)
+    argv = ["--ids", "1", "--seeds", "2", "--updates", "4", "--variants", "fairseq,eager", "--data",
+            str(fake_english_data), "--results", str(tmp_path)]
+    stall_probe.main(argv)
+    summary = json.loads((tmp_path / "stall_probe.json").read_text())
+    assert summary["seeds"] == [0, 42] and summary["full_epochs"] == 1 and summary["precision"] == "fp32"
+    for variant in ("fairseq", "eager"):
+        runs = summary["runs"][variant]["1"]
+        assert set(runs) == {"0", "42"}
+        assert all(len(run["loss_per_epoch"]) == 1 and 5 < run["loss_per_epoch"][0] < 13 for run in runs.values())
+        assert summary["stalled"][variant]["1"] in {"0/2", "1/2", "2/2"}
+    commands = (tmp_path / "eager" / "commands.txt").read_text().splitlines()
+    assert len(commands) == 2 and all("--lang-pos" in c and "--max-update 4" in c for c in commands)
+
+    def no_training(*args):
+        raise AssertionError("a variant with its results was trained again")
+
+    monkeypatch.setattr(stall_probe, "train_variant", no_training)
+    stall_probe.main(argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ids", "18"], "untrained runs cannot stall"),
+    (["--variants", "graphs"], "needs a GPU"),
+    (["--variants", "jit"], "unknown variants"),
+    (["--updates", "10", "--variants", "eager"], "less than one epoch"),
+])
+def test_bad_options_are_one_error_line(fake_english_data, tmp_path, capsys, argv, message):
+    from fairseq_xmlm.experiments.dufter.__main__ import main
+
+    expect_cli_error(capsys, main, ["stall-probe", *argv, "--data", str(fake_english_data), "--results",
+                                    str(tmp_path / "out")], message)
+    assert not (tmp_path / "out" / "stall_probe.json").exists()
