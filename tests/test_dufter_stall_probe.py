@@ -46,6 +46,7 @@ def test_probe_trains_each_variant_once_and_counts_stalls(fake_english_data, tmp
 
 @pytest.mark.parametrize("argv, message", [
     (["--ids", "18"], "untrained runs cannot stall"),
+    (["--ids", "1,30"], "no knn-replace runs"),
     (["--variants", "graphs"], "needs a GPU"),
     (["--variants", "jit"], "unknown variants"),
     (["--updates", "10", "--variants", "eager"], "less than one epoch"),

@@ -11,10 +11,10 @@ variant: `fairseq` (fairseq-train, fp32, one process per run), `eager` (the pack
 model), `compile` (and its stacked layers and optimizer step compiled), `graphs` (and each batch shape's update
 replayed as a CUDA graph, as the GPU sweep trains; GPU only). A run has stalled when the training loss of its last
 full epoch is over STALL_MARGIN bits above the median of its run ID over every variant: at epoch 3 the runs that
-left the plateau stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45 (2026-11-29, docs/results/dufter_stall_cpu.json).
+left the plateau stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45 (docs/results/dufter_stall_cpu.json).
 RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/fairseq/logs/); a variant with
-RESULTS/VARIANT/done is skipped. Writes
-RESULTS/stall_probe.json (each run's loss per epoch and whether it stalled; per variant and ID how many stalled).
+RESULTS/VARIANT/done is skipped. Writes RESULTS/stall_probe.json (each run's loss per epoch and whether it stalled;
+per variant and ID how many stalled).
 """
 import json
 import subprocess
@@ -129,6 +129,9 @@ def main(argv=None):
     variants = parse_choices(args.variants, VARIANTS, "variants")
     if any(RUNS[run_id].untrained for run_id in ids):
         raise XmlmError("untrained runs cannot stall: leave out " + ", ".join(i for i in ids if RUNS[i].untrained))
+    if any(RUNS[run_id].needs_knn for run_id in ids):
+        raise XmlmError("the probe trains no knn-replace runs (no neighbour table): leave out "
+                        + ", ".join(i for i in ids if RUNS[i].needs_knn))
     if "graphs" in variants and not has_gpu():
         raise XmlmError("the graphs variant replays CUDA graphs: it needs a GPU")
     if args.seeds < 1 or args.updates < 1:
