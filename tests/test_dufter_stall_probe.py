@@ -42,6 +42,9 @@ def test_probe_trains_each_variant_once_and_counts_stalls(fake_english_data, tmp
 
     monkeypatch.setattr(stall_probe, "train_variant", no_training)
     stall_probe.main(argv)
+    # a variant done with other runs is not read as if it held these
+    with pytest.raises(stall_probe.XmlmError, match="remove .*fairseq.done"):
+        stall_probe.main([*argv[:3], "3", *argv[4:]])
 
 
 @pytest.mark.parametrize("argv, message", [

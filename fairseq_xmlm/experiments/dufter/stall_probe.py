@@ -75,9 +75,11 @@ def train_variant(name, commands, variant_dir, precision):
 def log_of(variant, variant_dir, index, argv):
     """Where a run's epoch records are: fairseq-train's output (its --log-file misses the first epoch's), or the
     packed trainer's --log-file."""
-    if VARIANTS[variant] is None:
-        return variant_dir / "logs" / f"{index}.log"
-    return argv[argv.index("--log-file") + 1]
+    own_log = VARIANTS[variant] is not None
+    path = Path(argv[argv.index("--log-file") + 1] if own_log else variant_dir / "logs" / f"{index}.log")
+    if not path.is_file():  # e.g. a variant done earlier with fewer seeds or other run IDs
+        raise XmlmError(f"{path} not found: remove {variant_dir / 'done'} to train the {variant} variant again")
+    return path
 
 
 def epoch_losses(log_path, full_epochs):
