@@ -326,19 +326,12 @@ def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0, mul
     """`python -m fairseq_xmlm.experiments.dufter full`'s fairseq-train commands of these run IDs and `seeds` seeds
     from the recipe's `first_seed`-th, capped at `updates` updates, without the multilinguality hook (the timing is of
     training) unless `multilinguality`, logs and checkpoints in out/ID/seedS."""
-    from fairseq_xmlm.experiments.dufter.recipe import train_command as recipe_train_command
+    from fairseq_xmlm.experiments.dufter.recipe import capped_command
     from fairseq_xmlm.experiments.dufter.runs import PRESETS, SEEDS
 
-    commands = []
-    for run_id in ids:
-        for seed in SEEDS[first_seed:first_seed + seeds]:
-            run_dir = out / run_id / f"seed{seed}"
-            command = recipe_train_command(run_id, seed, data, run_dir / "checkpoints", PRESETS["full"], knn_table)
-            if "--eval-multilinguality" in command and not multilinguality:
-                command.remove("--eval-multilinguality")
-            commands.append([str(c) for c in command] + ["--max-update", str(updates),
-                                                         "--log-file", str(run_dir / "train.log")])
-    return commands
+    return [capped_command(run_id, seed, data, out / run_id / f"seed{seed}", PRESETS["full"], knn_table, updates,
+                           multilinguality)
+            for run_id in ids for seed in SEEDS[first_seed:first_seed + seeds]]
 
 
 def synchronise(device):

@@ -118,6 +118,16 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
     return command + extra + list(train_args)
 
 
+def capped_command(run_id, seed, data, run_dir, preset, knn_table, updates, multilinguality=False):
+    """`train_command` of one run stopped after `updates` updates, its checkpoints in run_dir/checkpoints and its
+    log in run_dir/train.log, without the multilinguality hook (a timing or a probe of training) unless
+    `multilinguality`."""
+    command = [str(c) for c in train_command(run_id, seed, data, Path(run_dir) / "checkpoints", preset, knn_table)]
+    if "--eval-multilinguality" in command and not multilinguality:
+        command.remove("--eval-multilinguality")
+    return command + ["--max-update", str(updates), "--log-file", str(Path(run_dir) / "train.log")]
+
+
 def checkpoint_of(run_id, run_dir):
     name = "checkpoint_untrained.pt" if RUNS[run_id].untrained else "checkpoint_last.pt"
     return run_dir / "checkpoints" / name

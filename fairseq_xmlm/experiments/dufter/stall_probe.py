@@ -16,7 +16,6 @@ RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/
 RESULTS/VARIANT/done is skipped. Writes RESULTS/stall_probe.json (each run's loss per epoch and whether it stalled;
 per variant and ID how many stalled).
 """
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import ArgumentParser, XmlmError
 from fairseq_xmlm.experiments.commands import parse_choices, python_module
 from fairseq_xmlm.experiments.dufter import recipe
+from fairseq_xmlm.experiments.dufter.figures import read_fairseq_log
 from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, RUNS, SEEDS
 from fairseq_xmlm.io import log, write_json
 
@@ -42,16 +42,9 @@ def probe_commands(ids, seeds, data, variant_dir, updates):
     """{(ID, seed): fairseq-train argv}: the default schedule's command of each run, capped at `updates` updates,
     without the multilinguality hook, its log in variant_dir/ID/seedS/train.log."""
     preset = recipe.scheduled(PRESETS["full"], DEFAULT_SCHEDULE)
-    commands = {}
-    for run_id in ids:
-        for seed in seeds:
-            run_dir = variant_dir / run_id / f"seed{seed}"
-            command = [str(c) for c in recipe.train_command(run_id, seed, data, run_dir / "checkpoints", preset,
-                                                            knn_table="")]
-            if "--eval-multilinguality" in command:
-                command.remove("--eval-multilinguality")
-            commands[run_id, seed] = command + ["--max-update", str(updates), "--log-file", str(run_dir / "train.log")]
-    return commands
+    return {(run_id, seed): recipe.capped_command(run_id, seed, data, variant_dir / run_id / f"seed{seed}", preset,
+                                                  "", updates)
+            for run_id in ids for seed in seeds}
 
 
 def train_variant(name, commands, variant_dir, precision):
@@ -83,12 +76,8 @@ def log_of(variant, variant_dir, index, argv):
 
 
 def epoch_losses(log_path, full_epochs):
-    """Training loss (bits) per epoch from a fairseq json log (fairseq-train writes them as strings)."""
-    losses = {}
-    for line in Path(log_path).read_text().splitlines():
-        if "| train |" in line and "{" in line:
-            record = json.loads(line[line.index("{"):])
-            losses[int(record["epoch"])] = float(record["train_loss"])
+    """Training loss (bits) per epoch from a fairseq json log."""
+    losses = {int(record["epoch"]): record["train_loss"] for record in read_fairseq_log(log_path, "train")}
     if len(losses) < full_epochs:
         raise XmlmError(f"{log_path} logs {len(losses)} epochs, not the {full_epochs} full ones of its updates")
     return [losses[epoch] for epoch in sorted(losses)]
