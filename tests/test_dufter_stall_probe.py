@@ -1,6 +1,7 @@
 """The stall probe: the same Dufter runs' first updates in fairseq-train and in the packed trainer, each run's loss
 per epoch and the stalled ones counted against their run ID's median (real runs on the CPU, a few updates)."""
 import json
+import shutil
 
 import pytest
 
@@ -42,6 +43,11 @@ def test_probe_trains_each_variant_once_and_counts_stalls(fake_english_data, tmp
 
     monkeypatch.setattr(stall_probe, "train_variant", no_training)
     stall_probe.main(argv)
+    # the graphs variant's runs, trained on a GPU and copied here, are summarised without one
+    shutil.copytree(tmp_path / "eager", tmp_path / "graphs")
+    monkeypatch.setattr(stall_probe, "has_gpu", lambda: False)
+    stall_probe.main([*argv[:7], "fairseq,eager,graphs", *argv[8:]])
+    assert set(json.loads((tmp_path / "stall_probe.json").read_text())["stalled"]) == {"fairseq", "eager", "graphs"}
     # a variant done with other runs is not read as if it held these
     with pytest.raises(stall_probe.XmlmError, match="remove .*fairseq.done"):
         stall_probe.main([*argv[:3], "3", *argv[4:]])
