@@ -80,19 +80,24 @@ def table_markdown(summary, spread, labels, preset):
 
 
 def plot_curves(found, path):
-    """Dev perplexity per language against updates, one panel per setting, one line per (language, seed)."""
+    """Dev perplexity per language against updates, one panel per setting: a colour per language, a line style per
+    seed, so that nine lines a panel stay apart."""
     plt = pyplot()
     names = [name for name in SETTING_IDS if name in found]
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False, layout="constrained")
+    colours, styles = {}, {}
     for axis, name in zip(axes[0], names):
         for seed, result in sorted(found[name].items()):
+            style = styles.setdefault(seed, ("-", "--", ":", "-.")[len(styles) % 4])
             for lang, points in sorted(result.get("curve", {}).items()):
+                colour = colours.setdefault(lang, f"C{len(colours) % 10}")
                 updates = sorted(points, key=int)
-                axis.plot([int(u) for u in updates], [points[u] for u in updates], marker=".",
+                axis.plot([int(u) for u in updates], [points[u] for u in updates], color=colour, linestyle=style,
                           label=f"{lang} seed {seed}")
-        axis.set(xlabel="updates", ylabel="dev perplexity", yscale="log", title=name)
+        axis.set(xlabel="updates", yscale="log", title=name)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=6)
+    axes[0][0].set_ylabel("dev perplexity")
     return save_png(fig, path)
 
 
