@@ -322,14 +322,20 @@ def before_variants():
     return {f"before_{name}": argv for name, argv in old.items() if not name.endswith(XMLM_TRAIN)}
 
 
-def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0, multilinguality=False):
+def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0, multilinguality=False, schedule=None):
     """`python -m fairseq_xmlm.experiments.dufter full`'s fairseq-train commands of these run IDs and `seeds` seeds
-    from the recipe's `first_seed`-th, capped at `updates` updates, without the multilinguality hook (the timing is of
-    training) unless `multilinguality`, logs and checkpoints in out/ID/seedS."""
-    from fairseq_xmlm.experiments.dufter.recipe import capped_command
-    from fairseq_xmlm.experiments.dufter.runs import PRESETS, SEEDS
+    from the recipe's `first_seed`-th, under `schedule` (default: the recipe's default, whose batch size, clipping and
+    learning-rate curve the sweep trains), capped at `updates` updates, without the multilinguality hook (the timing
+    is of training) unless `multilinguality`, logs and checkpoints in out/ID/seedS."""
+    from fairseq_xmlm.experiments.dufter.recipe import capped_command, scheduled
+    from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, SCHEDULES, SEEDS
 
-    return [capped_command(run_id, seed, data, out / run_id / f"seed{seed}", PRESETS["full"], knn_table, updates,
+    schedule = schedule or DEFAULT_SCHEDULE
+    if schedule not in SCHEDULES or SCHEDULES[schedule].clauses:
+        raise SystemExit(f"error: schedule {schedule!r}: one of "
+                         + ", ".join(name for name, spec in SCHEDULES.items() if not spec.clauses))
+    preset = scheduled(PRESETS["full"], schedule)
+    return [capped_command(run_id, seed, data, out / run_id / f"seed{seed}", preset, knn_table, updates,
                            multilinguality)
             for run_id in ids for seed in SEEDS[first_seed:first_seed + seeds]]
 

@@ -9,8 +9,8 @@ steps: each group is a list of run IDs of `python -m fairseq_xmlm.experiments.du
 its seeds, all stacked into one model (each run on its own seed's batches, as the packed trainer does; the recipe's
 groups mostly hold one seed). For every group and variant (eager; compile = the stacked layers and the optimizer
 step under torch.compile; compile_graphs = compile, and each batch shape's whole update replayed as a CUDA graph) in
-this process, one after another: --warmup steps (more than an epoch's 69 batches, so every batch shape has been
-compiled and captured; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
+this process, one after another: --warmup steps (more than an epoch's batches, 137 under the default schedule, so
+every batch shape has been compiled and captured; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
 tokens/s; peak GPU memory; the runs' mean loss at step 1 and at the last timed step, a check that the step trains),
 then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and by kernel, against the
 profiled wall (the rest is the GPU waiting on the host). Real batches of epoch 1, in fairseq's order. Writes
@@ -25,8 +25,11 @@ commands run, e.g. the evaluations that a sweep runs beside a training team:
     python3 benchmarks/packed_speed.py steps --groups 15,16,17 --variants compile_graphs --warmup 75 --steps 300 \
         --beside "$EVAL" --beside "$EVAL" --out DIR/beside
 
-sweep: the recipe's fairseq-train commands of the chosen runs (--ids, --seeds; the paper's BERT-small / BERT-base,
-batch 256), each capped at --updates, trained as `--gpu-pack` trains them (`packed.processes.train_side_by_side`:
+Both modes take the recipe's commands under --schedule (default: the recipe's default, `paper-code`: batches of
+128 sentences, clipping at 1.0; `2026-11-28`: batches of 256, unclipped).
+
+sweep: the recipe's fairseq-train commands of the chosen runs (--ids, --seeds; the paper's BERT-small / BERT-base),
+each capped at --updates, trained as `--gpu-pack` trains them (`packed.processes.train_side_by_side`:
 one process per group, side by side); prints per group its runs, updates, seconds and run-updates/s, then the total
 wall time (start-up included) and rates; everything also goes to DIR/packed_speed.json.
 """
@@ -175,7 +178,8 @@ def steps(args):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
     for ids in args.groups:
-        commands = recipe_commands(ids.split(","), args.seeds, Path(args.data), out / "runs", 10 ** 6, args.knn_table)
+        commands = recipe_commands(ids.split(","), args.seeds, Path(args.data), out / "runs", 10 ** 6, args.knn_table,
+                                   schedule=args.schedule)
         if args.plugin:
             commands = [[str(Path(args.plugin).resolve()) if word.endswith("fairseq_xmlm") else word for word in c]
                         for c in commands]
@@ -193,6 +197,7 @@ def steps(args):
                 group.dropouts = (0.0, 0.0, 0.0)
             result, profiler = profile_group(group, schedules, args, device)
             result = {"runs": ids, "seeds": sorted({run.cfg.common.seed for run in runs}), "variant": variant,
+                      "schedule": args.schedule or "default", "batch_sentences": runs[0].cfg.dataset.batch_size,
                       "dropout": not args.no_dropout, "inductor": args.inductor,
                       "layers_x_hidden": f"{runs[0].cfg.model.encoder_layers}x{runs[0].cfg.model.encoder_embed_dim}",
                       **result, "cuda_graphs": len(group.graphs) if group.graphs is not None else None,
@@ -221,7 +226,8 @@ def sweep(args):
     from fairseq_xmlm.packed.processes import Job, train_side_by_side
 
     out = Path(args.out)
-    commands = recipe_commands(args.ids.split(","), args.seeds, Path(args.data), out, args.updates, args.knn_table)
+    commands = recipe_commands(args.ids.split(","), args.seeds, Path(args.data), out, args.updates, args.knn_table,
+                               schedule=args.schedule)
     result = train_side_by_side([Job(command) for command in commands], out / "pack", args.max_group)
     result["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     run_updates = tokens = 0
@@ -242,6 +248,8 @@ def main():
     shared.add_argument("--data", default=str(HERE.parent / "data-bin" / "fake_english"))
     shared.add_argument("--knn-table", default=str(HERE.parent / "results" / "dufter" / "knn_table.pt"))
     shared.add_argument("--out", required=True)
+    shared.add_argument("--schedule", default=None,
+                        help="the recipe's schedule the runs train under (default: the recipe's default)")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     modes = parser.add_subparsers(dest="mode", required=True)
     one = modes.add_parser("steps", parents=[shared], help="each group's steps: timed, then profiled")

@@ -5,6 +5,7 @@ import sys
 import time
 from argparse import Namespace
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -39,3 +40,16 @@ def test_steps_beside_commands_are_timed_while_they_run(tmp_path):
     assert marker.exists()  # waited for
     assert result["beside_running_at_end"] == 1  # three 10 ms steps end well inside its 2 s
     assert result["beside_exit_codes"] == [3] and result["ms_per_step_beside"] > 0
+
+
+def test_benchmarked_runs_train_the_recipes_default_schedule_unless_told(tmp_path):
+    from _common import recipe_commands
+
+    def batch(schedule):
+        argv = recipe_commands(["0"], 1, tmp_path, tmp_path / "runs", 10, "", schedule=schedule)[0]
+        return argv[argv.index("--batch-size") + 1], "--clip-norm" in argv and argv[argv.index("--clip-norm") + 1]
+
+    assert batch(None) == ("128", "1.0")  # paper-code, the sweep's default
+    assert batch("2026-11-28") == ("256", False)  # unclipped
+    with pytest.raises(SystemExit, match="schedule 'clauses'"):
+        batch("clauses")
