@@ -43,6 +43,9 @@ def test_probe_trains_each_variant_once_and_counts_stalls(fake_english_data, tmp
 
     monkeypatch.setattr(stall_probe, "train_variant", no_training)
     stall_probe.main(argv)
+    # runs trained without --train-args are not read as if trained with them
+    with pytest.raises(stall_probe.XmlmError, match="trained with --train-args ''"):
+        stall_probe.main([*argv, "--train-args", "--warmup-updates 2"])
     # the graphs variant's runs, trained on a GPU and copied here, are summarised without one
     shutil.copytree(tmp_path / "eager", tmp_path / "graphs")
     monkeypatch.setattr(stall_probe, "has_gpu", lambda: False)
@@ -58,6 +61,7 @@ def test_probe_trains_each_variant_once_and_counts_stalls(fake_english_data, tmp
     (["--ids", "1,30"], "no knn-replace runs"),
     (["--variants", "graphs"], "needs a GPU"),
     (["--variants", "jit"], "unknown variants"),
+    (["--train-args", "--warmup-updates 9 --max-update 9"], "cannot set --max-update"),
     (["--updates", "10", "--variants", "eager"], "less than one epoch"),
 ])
 def test_bad_options_are_one_error_line(fake_english_data, tmp_path, capsys, argv, message):
@@ -66,3 +70,10 @@ def test_bad_options_are_one_error_line(fake_english_data, tmp_path, capsys, arg
     expect_cli_error(capsys, main, ["stall-probe", *argv, "--data", str(fake_english_data), "--results",
                                     str(tmp_path / "out")], message)
     assert not (tmp_path / "out" / "stall_probe.json").exists()
+
+
+def test_train_args_follow_each_runs_command(fake_english_data, tmp_path):
+    commands = stall_probe.probe_commands(["1"], [0, 42], fake_english_data, tmp_path, 420,
+                                          ["--warmup-updates", "500"])
+    for argv in commands.values():
+        assert argv[-2:] == ["--warmup-updates", "500"] and argv.count("--warmup-updates") == 2

@@ -2,20 +2,24 @@
 of them stay on the unigram plateau in each.
 
     python -m fairseq_xmlm.experiments.dufter stall-probe [--ids 1,3] [--seeds 20] [--updates 420]
-        [--variants fairseq,eager,compile,graphs] [--precision fp32|bf16] [--data DIR] [--results DIR]
+        [--variants fairseq,eager,compile,graphs] [--precision fp32|bf16] [--train-args "..."] [--data DIR]
+        [--results DIR]
 
 A stall is decided in the first few hundred updates: a run leaves the plateau at the peak learning rate or never
 does (results.md, "Causes"). Each run ID is trained with N seeds (the paper's five first, then 1000, 1001, ...)
 under the default schedule (its learning-rate curve, clipping and batches) for its first --updates updates, in each
 variant: `fairseq` (fairseq-train, fp32, one process per run), `eager` (the packed trainer, all runs stacked in one
 model), `compile` (and its stacked layers and optimizer step compiled), `graphs` (and each batch shape's update
-replayed as a CUDA graph, as the GPU sweep trains; GPU only). A run has stalled when the training loss of its last
+replayed as a CUDA graph, as the GPU sweep trains; GPU only). --train-args adds fairseq-train options to every
+run of every variant (a candidate remedy, e.g. "--warmup-updates 500", or "--clip-norm 0" where stalls are common);
+the packed trainer follows the schedule and clipping options. A run has stalled when the training loss of its last
 full epoch is over STALL_MARGIN bits above the median of its run ID over every variant: at epoch 3 the runs that
 left the plateau stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45 (docs/results/dufter_stall_cpu.json).
 RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/fairseq/logs/); a variant with
-RESULTS/VARIANT/done is skipped. Writes RESULTS/stall_probe.json (each run's loss per epoch and whether it stalled;
+RESULTS/VARIANT/done (which holds its --train-args) is skipped. Writes RESULTS/stall_probe.json (each run's loss per epoch and whether it stalled;
 per variant and ID how many stalled).
 """
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -38,12 +42,12 @@ def probe_seeds(count):
     return list(SEEDS[:count]) + [1000 + k for k in range(max(0, count - len(SEEDS)))]
 
 
-def probe_commands(ids, seeds, data, variant_dir, updates):
-    """{(ID, seed): fairseq-train argv}: the default schedule's command of each run, capped at `updates` updates,
-    without the multilinguality hook, its log in variant_dir/ID/seedS/train.log."""
+def probe_commands(ids, seeds, data, variant_dir, updates, train_args=()):
+    """{(ID, seed): fairseq-train argv}: the default schedule's command of each run with `train_args` after it,
+    capped at `updates` updates, without the multilinguality hook, its log in variant_dir/ID/seedS/train.log."""
     preset = recipe.scheduled(PRESETS["full"], DEFAULT_SCHEDULE)
     return {(run_id, seed): recipe.capped_command(run_id, seed, data, variant_dir / run_id / f"seed{seed}", preset,
-                                                  "", updates)
+                                                  "", updates) + list(train_args)
             for run_id in ids for seed in seeds}
 
 
@@ -109,6 +113,8 @@ def parse_args(argv):
     parser.add_argument("--updates", type=int, default=420, help="updates of each run (default: 3 epochs and a bit)")
     parser.add_argument("--variants", default="fairseq,eager,compile,graphs", help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="the packed variants'")
+    parser.add_argument("--train-args", default="", help="fairseq-train options added to every run, e.g. "
+                                                         "'--warmup-updates 500'")
     parser.add_argument("--data", default=str(recipe.REPO / "data-bin" / "fake_english"))
     parser.add_argument("--results", default=str(recipe.REPO / "results" / "dufter" / "stall_probe"))
     return parser.parse_args(argv)
@@ -123,6 +129,10 @@ def main(argv=None):
     if any(RUNS[run_id].needs_knn for run_id in ids):
         raise XmlmError("the probe trains no knn-replace runs (no neighbour table): leave out "
                         + ", ".join(i for i in ids if RUNS[i].needs_knn))
+    train_args = shlex.split(args.train_args)
+    reserved = sorted({"--max-update", "--log-file", "--save-dir", "--seed", "--batch-size"} & set(train_args))
+    if reserved:
+        raise XmlmError(f"--train-args cannot set {', '.join(reserved)}: the probe sets them and counts epochs")
     if args.seeds < 1 or args.updates < 1:
         raise XmlmError(f"--seeds and --updates must be at least 1, got {args.seeds} and {args.updates}")
     data, results = Path(args.data), Path(args.results)
@@ -137,15 +147,20 @@ def main(argv=None):
     for name in variants:
         variant_dir = results / name
         variant_dir.mkdir(parents=True, exist_ok=True)
-        commands = probe_commands(ids, probe_seeds(args.seeds), data, variant_dir, args.updates)
-        if not (variant_dir / "done").exists():
+        commands = probe_commands(ids, probe_seeds(args.seeds), data, variant_dir, args.updates, train_args)
+        done = variant_dir / "done"
+        if not done.exists():
             log(f"stall probe: {name}, {len(commands)} runs of {args.updates} updates")
             train_variant(name, commands, variant_dir, args.precision)
-            (variant_dir / "done").touch()
+            done.write_text(args.train_args)
+        elif shlex.split(done.read_text()) != train_args:
+            raise XmlmError(f"{variant_dir} was trained with --train-args {done.read_text()!r}: give those, or "
+                            f"another --results")
         losses[name] = {key: epoch_losses(log_of(name, variant_dir, index, argv), full_epochs)
                         for index, (key, argv) in enumerate(commands.items())}
     summary = {"ids": ids, "seeds": probe_seeds(args.seeds), "updates": args.updates, "full_epochs": full_epochs,
-               "precision": args.precision, "stall_margin_bits": STALL_MARGIN, **summarise(losses, full_epochs)}
+               "precision": args.precision, "train_args": args.train_args, "stall_margin_bits": STALL_MARGIN,
+               **summarise(losses, full_epochs)}
     write_json(results / "stall_probe.json", summary)
     for name, counts in summary["stalled"].items():
         log(f"stall probe: {name}: stalled " + ", ".join(f"ID {i} {c}" for i, c in counts.items()))
