@@ -10,8 +10,8 @@ its seeds, all stacked into one model (each run on its own seed's batches, as th
 groups mostly hold one seed). For every group and variant (eager; compile = the stacked layers and the optimizer
 step under torch.compile; compile_graphs = compile, and each batch shape's whole update replayed as a CUDA graph) in
 this process, one after another: --warmup steps (more than an epoch's batches, 137 under the default schedule, so
-every batch shape has been compiled and captured; the time is printed), --steps timed steps (synchronised wall: ms per step, run-updates/s,
-tokens/s; peak GPU memory; the runs' mean loss at step 1 and at the last timed step, a check that the step trains),
+every batch shape has been compiled and captured; the time is printed), --steps timed steps (synchronised wall: ms
+per step, run-updates/s, tokens/s; peak GPU memory; the runs' mean loss at step 1 and at the last timed step, a check that the step trains),
 then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and by kernel, against the
 profiled wall (the rest is the GPU waiting on the host). Real batches of epoch 1, in fairseq's order. Writes
 DIR/packed_speed.json and, per group and variant, the profiler's operator table by host time (.txt), every kernel's

@@ -16,8 +16,8 @@ the packed trainer follows the schedule and clipping options. A run has stalled 
 full epoch is over STALL_MARGIN bits above the median of its run ID over every variant: at epoch 3 the runs that
 left the plateau stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45 (docs/results/dufter_stall_cpu.json).
 RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/fairseq/logs/); a variant with
-RESULTS/VARIANT/done (which holds its --train-args) is skipped. Writes RESULTS/stall_probe.json (each run's loss per epoch and whether it stalled;
-per variant and ID how many stalled).
+RESULTS/VARIANT/done (which holds its --train-args) is skipped. Writes RESULTS/stall_probe.json (each run's loss
+per epoch and whether it stalled; per variant and ID how many stalled).
 """
 import shlex
 import subprocess
