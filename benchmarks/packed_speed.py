@@ -11,14 +11,14 @@ groups mostly hold one seed). For every group and variant (eager; compile = the 
 step under torch.compile; compile_graphs = compile, and each batch shape's whole update replayed as a CUDA graph) in
 this process, one after another: --warmup steps (more than an epoch's batches, 137 under the default schedule, so
 every batch shape has been compiled and captured; the time is printed), --steps timed steps (synchronised wall: ms
-per step, run-updates/s, tokens/s; peak GPU memory; the runs' mean loss at step 1 and at the last timed step, a check that the step trains),
-then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and by kernel, against the
-profiled wall (the rest is the GPU waiting on the host). Real batches of epoch 1, in fairseq's order. Writes
-DIR/packed_speed.json and, per group and variant, the profiler's operator table by host time (.txt), every kernel's
-ms and launches per step (_kernels.tsv) and, with --trace, the profiled steps' timeline (.trace.json.gz). With
---plugin DIR the runs use another fairseq_xmlm tree (an earlier commit, to compare on the same machine); --inductor
-KEY=VALUE sets inductor's options. With --beside COMMAND (repeatable) the --steps are timed again while those shell
-commands run, e.g. the evaluations that a sweep runs beside a training team:
+per step, run-updates/s, tokens/s; peak GPU memory; the runs' mean loss at step 1 and at the last timed step, a
+check that the step trains), then --profile-steps under torch.profiler: kernel time per step, by kind of kernel and
+by kernel, against the profiled wall (the rest is the GPU waiting on the host). Real batches of epoch 1, in
+fairseq's order. Writes DIR/packed_speed.json and, per group and variant, the profiler's operator table by host time
+(.txt), every kernel's ms and launches per step (_kernels.tsv) and, with --trace, the profiled steps' timeline
+(.trace.json.gz). With --plugin DIR the runs use another fairseq_xmlm tree (an earlier commit, to compare on the
+same machine); --inductor KEY=VALUE sets inductor's options. With --beside COMMAND (repeatable) the --steps are
+timed again while those shell commands run, e.g. the evaluations that a sweep runs beside a training team:
 
     EVAL="nice -n 19 env OMP_NUM_THREADS=2 python3 -m fairseq_xmlm.evaluation.eval_mult CHECKPOINT \
         --data data-bin/fake_english --device cpu"
