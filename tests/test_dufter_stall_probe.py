@@ -17,6 +17,17 @@ def test_a_run_stalls_when_its_last_full_epoch_is_over_the_margin_above_its_ids_
     assert summary["runs"]["graphs"]["1"]["0"] == {"loss_per_epoch": [9.3, 8.4], "stalled": True}
 
 
+def test_a_run_that_left_the_plateau_and_went_back_has_stalled_whatever_the_median():
+    # most runs go back to the plateau, as unclipped ones do: the median stands there too
+    losses = {"fairseq": {("0", 0): [9.7, 7.9, 9.2], ("0", 42): [9.7, 8.0, 9.25], ("0", 43): [9.7, 8.0, 7.8]}}
+    summary = stall_probe.summarise(losses, full_epochs=3)
+    assert {seed: run["stalled"] for seed, run in summary["runs"]["fairseq"]["0"].items()} == {
+        "0": True, "42": True, "43": False}
+    # a partial last epoch (beyond full_epochs) decides nothing
+    assert not stall_probe.summarise({"fairseq": {("0", 0): [9.7, 7.9, 7.8, 9.9]}}, 3)["runs"]["fairseq"]["0"]["0"][
+        "stalled"]
+
+
 def test_probe_seeds_are_the_papers_then_new_ones():
     assert stall_probe.probe_seeds(2) == [0, 42]
     assert stall_probe.probe_seeds(7) == [0, 42, 43, 100, 101, 1000, 1001]

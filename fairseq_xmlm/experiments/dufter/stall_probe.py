@@ -13,8 +13,10 @@ model), `compile` (and its stacked layers and optimizer step compiled), `graphs`
 replayed as a CUDA graph, as the GPU sweep trains; GPU only). --train-args adds fairseq-train options to every
 run of every variant (a candidate remedy, e.g. "--warmup-updates 500", or "--clip-norm 0" where stalls are common);
 the packed trainer follows the schedule and clipping options. A run has stalled when the training loss of its last
-full epoch is over STALL_MARGIN bits above the median of its run ID over every variant: at epoch 3 the runs that
-left the plateau stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45 (docs/results/dufter_stall_cpu.json).
+full epoch is over STALL_MARGIN bits above the median of its run ID over every variant (it never left the plateau:
+at epoch 3 the runs that left it stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45,
+docs/results/dufter_stall_cpu.json), or above its own lowest loss of an earlier epoch (it left the plateau and went
+back, as unclipped runs do; where most runs of an ID stall so, the median is no guide).
 RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/fairseq/logs/); a variant with
 RESULTS/VARIANT/done (which holds its --train-args) is skipped. Writes RESULTS/stall_probe.json (each run's loss
 per epoch and whether it stalled; per variant and ID how many stalled).
@@ -33,7 +35,7 @@ from fairseq_xmlm.experiments.dufter.figures import read_fairseq_log
 from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, RUNS, SEEDS
 from fairseq_xmlm.io import log, write_json
 
-STALL_MARGIN = 0.2  # bits over the run ID's median loss at the last full epoch
+STALL_MARGIN = 0.2  # bits over the run ID's median, or over the run's own best earlier epoch, at the last full one
 VARIANTS = {"fairseq": None, "eager": [], "compile": ["--compile"], "graphs": ["--compile", "--cuda-graphs"]}
 
 
@@ -89,7 +91,8 @@ def epoch_losses(log_path, full_epochs):
 
 def summarise(losses, full_epochs):
     """{"runs": {variant: {ID: {seed: {"loss_per_epoch", "stalled"}}}}, "stalled": {variant: {ID: "k/n"}}}, with
-    `losses` {variant: {(ID, seed): [loss per epoch]}}: stalled against the ID's median over every variant."""
+    `losses` {variant: {(ID, seed): [loss per epoch]}}: stalled against the ID's median over every variant, or
+    against the run's own best earlier epoch."""
     last = {(variant, key): values[full_epochs - 1] for variant, per_run in losses.items()
             for key, values in per_run.items()}
     medians = {run_id: median(v for (_, (i, _)), v in last.items() if i == run_id)
@@ -97,7 +100,9 @@ def summarise(losses, full_epochs):
     runs, counts = {}, {}
     for variant, per_run in losses.items():
         for (run_id, seed), values in per_run.items():
-            stalled = last[variant, (run_id, seed)] > medians[run_id] + STALL_MARGIN
+            final = last[variant, (run_id, seed)]
+            went_back = full_epochs > 1 and final > min(values[:full_epochs - 1]) + STALL_MARGIN
+            stalled = final > medians[run_id] + STALL_MARGIN or went_back
             runs.setdefault(variant, {}).setdefault(run_id, {})[str(seed)] = {"loss_per_epoch": values,
                                                                               "stalled": stalled}
         counts[variant] = {run_id: f"{sum(r['stalled'] for r in by_seed.values())}/{len(by_seed)}"
