@@ -240,6 +240,19 @@ def test_clip_norm_and_pack_precision_reach_both_paths(fake_english_data, tmp_pa
     expect_cli_error(capsys, main, common + ["--clip-norm", "-1"], "--clip-norm must be >= 0")
 
 
+def test_lr_sets_the_small_runs_peak_and_overparam_keeps_its_own(fake_english_data, tmp_path, capsys):
+    """--lr reaches the BERT-small runs' commands on both paths (one --lr each); overparam's BERT-base keeps 1e-4."""
+    common = ["full", "--ids", "0,1,15", "--seeds", "1", "--data", str(fake_english_data), "--results",
+              str(tmp_path), "--dry-run"]
+    default = train_commands(capsys, common)
+    assert [option(c, "--lr") for c in default] == ["2e-3", "2e-3", "1e-4"]
+    for extra in ([], ["--gpu-pack"]):
+        commands = train_commands(capsys, common + extra + ["--lr", "1e-3"])
+        assert [(c.count("--lr "), option(c, "--lr")) for c in commands] == [(1, "0.001"), (1, "0.001"),
+                                                                            (1, "1e-4")]
+    expect_cli_error(capsys, main, common + ["--lr", "0"], "--lr must be > 0")
+
+
 def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table(fake_english_data, tmp_path,
                                                                                  capsys):
     from test_tables import fake_result, write_result

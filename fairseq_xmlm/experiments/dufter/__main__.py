@@ -1,8 +1,8 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
     python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N] [--ids 0,1,...] [--dry-run]
-        [--schedule paper-code|batch128-clip|batch128|clauses|epochs200|2026-11-28] [--clip-norm X] [--indomain-dev]
-        [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
+        [--schedule paper-code|batch128-clip|batch128|clauses|epochs200|2026-11-28] [--clip-norm X] [--lr X]
+        [--indomain-dev] [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
     python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N]   (causes.py)
     python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
     python -m fairseq_xmlm.experiments.dufter stock-compare [full|tiny]                       (stock_compare.py)
@@ -45,6 +45,9 @@ def parse_args(argv):
     parser.add_argument("--clip-norm", type=float,
                         help="fairseq-train's --clip-norm for every trained run (default: the schedule's; the "
                              "paper's code: 1.0; 0: none)")
+    parser.add_argument("--lr", type=float,
+                        help="peak learning rate of the BERT-small runs (default: the preset's; the paper's: 2e-3); "
+                             "overparam's BERT-base runs keep their 1e-4")
     parser.add_argument("--indomain-dev", action="store_true",
                         help="also evaluate each run on in-domain dev sentences (BBE Old Testament, DATA_indomain): "
                              "eval_indomain.json beside eval.json")
@@ -104,6 +107,10 @@ def main(argv=None):
                               args.schedule)
     if args.clip_norm is not None:
         preset["clip_norm"] = args.clip_norm
+    if args.lr is not None:
+        if not args.lr > 0:
+            raise XmlmError(f"--lr must be > 0, got {args.lr:g}")
+        preset["lr"] = f"{args.lr:g}"
     ids = parse_choices(args.ids, RUNS, "run IDs", default=preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
     seeds = SEEDS[: args.seeds or preset["seeds"]]
     base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
@@ -112,6 +119,7 @@ def main(argv=None):
         f"; preset {args.preset}: {preset['epochs']} epochs of batches of {preset['batch_size']} sentences"
         if args.preset != "full" else "") + (
         f"; --clip-norm {preset['clip_norm']:g}" if args.clip_norm is not None else "") + (
+        f"; --lr {preset['lr']}" if args.lr is not None else "") + (
         f"; packed, {args.pack_precision}" if args.gpu_pack else "")
     if args.status:
         recipe.print_status(runs_dir, ids, seeds)
