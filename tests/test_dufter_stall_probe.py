@@ -28,6 +28,23 @@ def test_a_run_that_left_the_plateau_and_went_back_has_stalled_whatever_the_medi
         "stalled"]
 
 
+def test_runs_on_the_unigram_plateau_have_stalled_where_most_of_an_id_stay_there():
+    # 3 of 4 never leave the plateau (9.1 bits here): the median is the plateau, and only the plateau says so
+    losses = {"graphs": {("0", 0): [9.7, 9.2, 9.15], ("0", 42): [9.7, 9.2, 9.2], ("0", 43): [9.7, 9.1, 9.1],
+                         ("0", 100): [9.7, 8.3, 7.9]}}
+    by_median = stall_probe.summarise(losses, full_epochs=3)
+    assert by_median["stalled"]["graphs"]["0"] == "0/4"
+    with_plateau = stall_probe.summarise(losses, full_epochs=3, plateau_bits=9.1)
+    assert {seed: run["stalled"] for seed, run in with_plateau["runs"]["graphs"]["0"].items()} == {
+        "0": True, "42": True, "43": True, "100": False}
+
+
+def test_the_plateau_is_the_entropy_of_both_languages_tokens(tmp_path):
+    # four English pieces, counts 4, 2, 1, 1: H = 1.75 bits; each has a Fake-English twin of the same count: + 1
+    (tmp_path / "dict.txt").write_text("a 4\nb 2\nc 1\nd 1\n")
+    assert stall_probe.unigram_bits(tmp_path) == pytest.approx(2.75)
+
+
 def test_probe_seeds_are_the_papers_then_new_ones():
     assert stall_probe.probe_seeds(2) == [0, 42]
     assert stall_probe.probe_seeds(7) == [0, 42, 43, 100, 101, 1000, 1001]
@@ -41,6 +58,7 @@ def test_probe_trains_each_variant_once_and_counts_stalls(fake_english_data, tmp
     stall_probe.main(argv)
     summary = json.loads((tmp_path / "stall_probe.json").read_text())
     assert summary["seeds"] == [0, 42] and summary["full_epochs"] == 1 and summary["precision"] == "fp32"
+    assert summary["unigram_bits"] == pytest.approx(stall_probe.unigram_bits(fake_english_data), abs=1e-4)
     for variant in ("fairseq", "eager"):
         runs = summary["runs"][variant]["1"]
         assert set(runs) == {"0", "42"}

@@ -16,7 +16,8 @@ the packed trainer follows the schedule and clipping options. A run has stalled 
 full epoch is over STALL_MARGIN bits above the median of its run ID over every variant (it never left the plateau:
 at epoch 3 the runs that left it stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45,
 docs/results/dufter_stall_cpu.json), or above its own lowest loss of an earlier epoch (it left the plateau and went
-back, as unclipped runs do; where most runs of an ID stall so, the median is no guide).
+back, as unclipped runs do), or within STALL_MARGIN of the unigram plateau (`unigram_bits`): where most runs of an
+ID stall, the median stands on the plateau and is no guide.
 RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/fairseq/logs/); a variant with
 RESULTS/VARIANT/done (which holds its --train-args) is skipped. Writes RESULTS/stall_probe.json (each run's loss
 per epoch and whether it stalled; per variant and ID how many stalled).
@@ -27,6 +28,8 @@ import sys
 from pathlib import Path
 from statistics import median
 
+import torch
+
 from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.errors import ArgumentParser, XmlmError
 from fairseq_xmlm.experiments.commands import parse_choices, python_module
@@ -34,6 +37,7 @@ from fairseq_xmlm.experiments.dufter import recipe
 from fairseq_xmlm.experiments.dufter.figures import read_fairseq_log
 from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, RUNS, SEEDS
 from fairseq_xmlm.io import log, write_json
+from fairseq_xmlm.vocabulary import load_data_dictionary
 
 STALL_MARGIN = 0.2  # bits over the run ID's median, or over the run's own best earlier epoch, at the last full one
 VARIANTS = {"fairseq": None, "eager": [], "compile": ["--compile"], "graphs": ["--compile", "--cuda-graphs"]}
@@ -89,10 +93,20 @@ def epoch_losses(log_path, full_epochs):
     return [losses[epoch] for epoch in sorted(losses)]
 
 
-def summarise(losses, full_epochs):
+def unigram_bits(data):
+    """The loss (bits) of predicting every masked token by its frequency alone, the plateau a stalled run stays on:
+    the entropy -sum p log2 p of the training tokens over both languages. Fake-English gives each English piece a
+    twin of the same count (dict.txt holds the English counts), so it is H(English) + 1."""
+    dictionary = load_data_dictionary(data)
+    counts = torch.tensor(dictionary.count[dictionary.nspecial:], dtype=torch.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log2()).sum()) + 1.0
+
+
+def summarise(losses, full_epochs, plateau_bits=None):
     """{"runs": {variant: {ID: {seed: {"loss_per_epoch", "stalled"}}}}, "stalled": {variant: {ID: "k/n"}}}, with
-    `losses` {variant: {(ID, seed): [loss per epoch]}}: stalled against the ID's median over every variant, or
-    against the run's own best earlier epoch."""
+    `losses` {variant: {(ID, seed): [loss per epoch]}}: stalled against the ID's median over every variant, against
+    the run's own best earlier epoch, or (given `plateau_bits`) within the margin of the unigram plateau."""
     last = {(variant, key): values[full_epochs - 1] for variant, per_run in losses.items()
             for key, values in per_run.items()}
     medians = {run_id: median(v for (_, (i, _)), v in last.items() if i == run_id)
@@ -102,7 +116,8 @@ def summarise(losses, full_epochs):
         for (run_id, seed), values in per_run.items():
             final = last[variant, (run_id, seed)]
             went_back = full_epochs > 1 and final > min(values[:full_epochs - 1]) + STALL_MARGIN
-            stalled = final > medians[run_id] + STALL_MARGIN or went_back
+            on_plateau = plateau_bits is not None and final >= plateau_bits - STALL_MARGIN
+            stalled = final > medians[run_id] + STALL_MARGIN or went_back or on_plateau
             runs.setdefault(variant, {}).setdefault(run_id, {})[str(seed)] = {"loss_per_epoch": values,
                                                                               "stalled": stalled}
         counts[variant] = {run_id: f"{sum(r['stalled'] for r in by_seed.values())}/{len(by_seed)}"
@@ -163,9 +178,10 @@ def main(argv=None):
                             f"another --results")
         losses[name] = {key: epoch_losses(log_of(name, variant_dir, index, argv), full_epochs)
                         for index, (key, argv) in enumerate(commands.items())}
+    plateau = unigram_bits(data)
     summary = {"ids": ids, "seeds": probe_seeds(args.seeds), "updates": args.updates, "full_epochs": full_epochs,
                "precision": args.precision, "train_args": args.train_args, "stall_margin_bits": STALL_MARGIN,
-               **summarise(losses, full_epochs)}
+               "unigram_bits": round(plateau, 4), **summarise(losses, full_epochs, plateau)}
     write_json(results / "stall_probe.json", summary)
     for name, counts in summary["stalled"].items():
         log(f"stall probe: {name}: stalled " + ", ".join(f"ID {i} {c}" for i, c in counts.items()))
