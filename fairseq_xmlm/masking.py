@@ -197,3 +197,16 @@ def candidate_table(candidate_lists):
         table[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
     counts = torch.tensor([len(c) for c in candidate_lists], dtype=torch.long)
     return table, counts
+
+
+def specials_follow_content(inputs, shift, specials):
+    """Shift-special as the paper's code does it (github pdufter/minimult, run_language_modeling.py `train`:
+    `shift_special_tokens` after `mask_tokens`): a row's special tokens are the shifted ones (id + `shift`) when the
+    row holds any shifted id of a real token after masking, a random replacement included, else the unshifted ones;
+    the rows' language plays no part. So an English row that drew a random Fake-English word gets Fake-English
+    specials. `specials`: the unshifted ids it applies to (a tensor on the inputs' device); padding keeps its id.
+    Whole-batch tensor operations without a host sync (a CUDA graph may hold them); returns a new tensor."""
+    unshifted = torch.where(inputs >= shift, inputs - shift, inputs)
+    is_special = torch.isin(unshifted, specials)
+    shifted_row = ((inputs >= shift) & ~is_special).any(dim=1, keepdim=True)
+    return torch.where(is_special, unshifted + shift * shifted_row, inputs)

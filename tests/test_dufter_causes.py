@@ -103,7 +103,8 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
     assert plan[causes.BASELINE] == ["0", "1", "2", "4", "7"] and plan["no-random-.9"] == ["4", "7"]
     assert "indomain-dev" not in plan and plan["batch128-clip"] == ["0", "1", "2", "4", "7"]  # evaluated
     assert causes.needed(["indomain-dev"], ("4",)) == {"batch128-clip": ["4"]}
-    assert plan[DEFAULT_SCHEDULE] == ["4", "7", "1"] and plan["paper-code-fp32"] == ["1"]
+    assert plan[DEFAULT_SCHEDULE] == ["4", "7", "1", "2"] and plan["paper-code-fp32"] == ["1"]
+    assert plan["paper-code-specials"] == ["2"]  # lang-pos;shift-special (5) is not in the preset
     assert causes.needed(["fp32"], ids) == {DEFAULT_SCHEDULE: ["1"], "paper-code-fp32": ["1"]}
     capsys.readouterr()
     monkeypatch.setattr(causes.recipe, "has_gpu", lambda: True)  # the packed plan
@@ -134,6 +135,9 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
             == [line for line in by_setting[DEFAULT_SCHEDULE] if "--lang-pos" in line.split()])
     assert precisions["fp32"] == ["clip-fp32", "paper-code-fp32"] and "paper-code-fp32" not in precisions["bf16"]
     assert all("--attend-padding" in line for line in by_setting["attend-padding"])
+    shift_special_runs = [line for line in by_setting[DEFAULT_SCHEDULE] if "/runs/2/" in line]
+    assert len(shift_special_runs) == 2 and [line.replace("paper-code-specials", DEFAULT_SCHEDULE).replace(
+        " --shift-special-after-masking", "") for line in by_setting["paper-code-specials"]] == shift_special_runs
     assert all("--no-random-mask-share 0.9" in line and "--no-random" in line for line in by_setting["no-random-.9"])
     assert all("--batch-size 128" in line and "--clip-norm" not in line for line in by_setting["batch128"])
     assert all("_clauses" in line for line in by_setting["clauses"])

@@ -7,7 +7,7 @@ from fairseq.data import data_utils
 
 from fairseq_xmlm.checkpoints import load_checkpoint
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.masking import ReplacementConfig, resolve_replacement_probs
+from fairseq_xmlm.masking import ReplacementConfig, resolve_replacement_probs, specials_follow_content
 from fairseq_xmlm.tasks.contract import LanguageTask
 from fairseq_xmlm.tasks.fake_english import FakeEnglishConfig, FakeEnglishTask
 from fairseq_xmlm.vocabulary import dictionary_fingerprint
@@ -260,6 +260,49 @@ def test_bad_input_is_refused(fake_english_data, tmp_path):
         make_task(fake_english_data, no_random=True, replacement_probs="0.8,0.1,0.1")
     with pytest.raises(XmlmError, match="dictionary"):
         make_task(tmp_path)
+
+
+def test_specials_follow_each_rows_content_as_the_papers_code_shifts_them():
+    # V = 10, specials bos 0, eos 2, unk 3, mask 9 (their twins + 10), pad 1; words 4-8 English, 14-18 Fake
+    specials, pad = torch.tensor([0, 2, 3, 9]), 1
+    rows = torch.tensor([[0, 4, 9, 16, 2, 1],     # English, a random Fake word drawn: Fake specials from then on
+                         [0, 4, 9, 5, 2, 1],      # English, English words only: unchanged
+                         [10, 14, 19, 15, 12, 1],  # Fake, its own specials: unchanged
+                         [10, 4, 19, 5, 12, 1],    # Fake, every word replaced by English ones: English specials
+                         [0, 3, 13, 4, 2, 1]])     # an English <unk>, a Fake one: the Fake <unk> is no content
+    assert specials_follow_content(rows, 10, specials).tolist() == [[10, 4, 19, 16, 12, 1], [0, 4, 9, 5, 2, 1],
+                                                                   [10, 14, 19, 15, 12, 1], [0, 4, 9, 5, 2, 1],
+                                                                   [0, 3, 3, 4, 2, 1]]
+
+
+def content_rule_holds(inputs, v, specials, pad):
+    """Every row's specials are Fake-English's exactly when it holds a Fake-English word; returns how many English
+    rows (bos < v before) that gave Fake-English specials."""
+    unshifted = torch.where(inputs >= v, inputs - v, inputs)
+    is_special = torch.isin(unshifted, specials)
+    fake_row = ((inputs >= v) & ~is_special).any(1)
+    assert torch.equal(inputs[:, 0] >= v, fake_row)
+    assert torch.equal(inputs[is_special] >= v, fake_row.view(-1, 1).expand_as(inputs)[is_special])
+    return fake_row
+
+
+def test_shift_special_after_masking_gives_english_rows_with_a_fake_word_fake_specials(fake_english_data):
+    with pytest.raises(XmlmError, match="give both"):
+        make_task(fake_english_data, shift_special_after_masking=True)
+    task = make_task(fake_english_data, shift_special=True, shift_special_after_masking=True)
+    v, specials = task.content_specials()
+    english_rows = fake_rows_of_english = 0
+    for batch in batches(task, n=10):
+        inputs, langs = batch["net_input"]["src_tokens"], batch["net_input"]["lang_ids"]
+        fake_row = content_rule_holds(inputs, v, specials, task.dictionary.pad())
+        english_rows += int((langs == 0).sum())
+        fake_rows_of_english += int(fake_row[langs == 0].sum())
+    # about .15 x .1 x .5 of the tokens are random Fake words: a fifth of the Bible's long English rows hold one
+    assert english_rows > 500 and 0.05 < fake_rows_of_english / english_rows < 0.4
+    plain = make_task(fake_english_data, shift_special=True)
+    assert plain.content_specials() is None
+    assert all(bool((b["net_input"]["src_tokens"][b["net_input"]["lang_ids"] == 0, 0] < v).all())
+               for b in batches(plain, n=10))
 
 
 FLAGS = {

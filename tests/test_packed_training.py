@@ -87,6 +87,25 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
             assert torch.allclose(logits[slot], expected, atol=1e-5)
 
 
+def test_a_packed_run_shifts_specials_after_masking_when_its_command_says_so(fake_english_data, tmp_path):
+    """--shift-special-after-masking in a group beside a run without it: its rows' specials follow their content,
+    as fairseq-train's batches give them (test_fake_english), and the other run's English rows keep English ones."""
+    from test_fake_english import content_rule_holds
+
+    runs = [parse_run(command(fake_english_data, tmp_path, f"r{s}", s, "--shift-special", *extra)).build()
+            for s, extra in ((1, ("--shift-special-after-masking",)), (2, ()))]
+    group = GroupData(runs, torch.device("cpu"))
+    v, specials = runs[0].task.content_specials()
+    schedules = [epoch_batches(run, 1) for run in runs]
+    english_rows_shifted = plain_rows_shifted = 0
+    for at in range(4):
+        inputs, langs, _, _, _ = group.batch([s[at] for s in schedules], torch.Generator().manual_seed(at))
+        fake_row = content_rule_holds(inputs[0], v, specials, group.pad)
+        english_rows_shifted += int(fake_row[langs[0] == 0].sum())
+        plain_rows_shifted += int((inputs[1][langs[1] == 0, 0] >= v).sum())
+    assert english_rows_shifted > 0 and plain_rows_shifted == 0
+
+
 def test_short_sentences_share_attention_rows_as_if_alone():
     keep = torch.ones(8, 7, dtype=torch.bool)
     keep[1, 4:] = keep[6, 2:] = False  # padding

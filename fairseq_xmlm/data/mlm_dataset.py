@@ -3,6 +3,8 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
+from fairseq_xmlm.masking import specials_follow_content
+
 
 class MaskedLanguageDataset(FairseqDataset):
     """Items are `(tokens, lang)` pairs; the collater pads them and corrupts the batch with `masker`.
@@ -20,7 +22,8 @@ class MaskedLanguageDataset(FairseqDataset):
     with fairseq's `collate_tokens`, as the earlier code did (the same batches; kept to measure and test against).
     """
 
-    def __init__(self, items, pad, masker, mask_ids, candidate_set, seed, shuffle=True, per_item=False):
+    def __init__(self, items, pad, masker, mask_ids, candidate_set, seed, shuffle=True, per_item=False,
+                 content_specials=None):
         super().__init__()
         # One flat buffer + offsets rather than a list of tensors: one array to pickle or share with data-loader
         # workers instead of one object per sentence.
@@ -36,6 +39,8 @@ class MaskedLanguageDataset(FairseqDataset):
         self.seed = seed
         self.shuffle = shuffle
         self.per_item = per_item
+        # (shift, special ids): after masking, specials follow each row's content (`masking.specials_follow_content`)
+        self.content_specials = content_specials
         # set_epoch runs in the main process, but persistent data-loader workers collate with their own copy of
         # the dataset: the epoch lives in shared memory so that they see it (forked or spawned alike).
         self._shared_epoch = torch.ones(1, dtype=torch.long).share_memory_()
@@ -120,6 +125,8 @@ class MaskedLanguageDataset(FairseqDataset):
             (self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(ids.min())
         )
         inputs, targets = self.masker(tokens, self.mask_ids[langs], self.candidate_set[langs], generator, self.pad)
+        if self.content_specials is not None:
+            inputs = specials_follow_content(inputs, *self.content_specials)
         # The target positions as flat indices into (B * T), found here on the CPU: the xmlm_masked_lm criterion
         # gathers them on the GPU without asking the GPU which positions are targets (a host sync per step).
         masked_positions = targets.view(-1).ne(self.pad).nonzero().squeeze(1)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.masking import Masker
+from fairseq_xmlm.masking import Masker, specials_follow_content
 from fairseq_xmlm.packed.optim import AdamState, adam_betas, learning_rate
 from fairseq_xmlm.packed.stacked import StackedEncoder
 
@@ -65,6 +65,14 @@ class GroupData:
         self.row_probs = probs.to(device)
         self.candidate_set = datasets[0].candidate_set.to(device)
         self.pad = pad
+        # runs whose specials follow each row's content after masking (--shift-special-after-masking)
+        content = [d.content_specials for d in datasets]
+        given = [c for c in content if c is not None]
+        self.content_specials = None
+        if given:
+            shift, specials = given[0]
+            self.content_specials = (shift, specials.to(device),
+                                     torch.tensor([c is not None for c in content], device=device))
 
     def plan(self, indices):
         """The host's part of a batch: indices (one array of item ids per run) -> (rows (N, width) of item ids, blank
@@ -99,6 +107,10 @@ class GroupData:
         inputs, targets = self.masker(tokens, self.mask_ids[slots, langs].view(-1),
                                       self.candidate_set[langs].view(-1), generator, self.pad,
                                       self.row_probs.unsqueeze(1).expand(-1, width, -1).reshape(n * width, -1))
+        if self.content_specials is not None:
+            shift, specials, runs_with = self.content_specials
+            rows_with = runs_with.view(-1, 1).expand(n, width).reshape(-1, 1)
+            inputs = torch.where(rows_with, specials_follow_content(inputs, shift, specials), inputs)
         is_target = targets.ne(self.pad).view(n, -1)
         # targets first, in position order (stable sort), cut at the host-side bound
         positions = torch.sort((~is_target).to(torch.uint8), dim=1, stable=True).indices[:, :budget]

@@ -5,9 +5,10 @@ The doubled dictionary holds English symbols at ids [0, V) and their twins `::w`
 its English token + V. The modifications of the paper are task flags, freely combinable:
 `--lang-pos`, `--shift-special`, `--no-random`, `--inv-order`, `--no-parallel`, `--knn-replace K`. The masking flags
 (`--no-random`, `--knn-replace`, `--replacement-probs`, `--random-replace`) are bilingual_mlm's too
-(`_shared_dictionary.ReplacementPolicyConfig`). Two flags follow the paper's code (github pdufter/minimult) where it
-differs from the paper's text: `--no-random-mask-share .9` (its .9/.1/0 no-random) and `--attend-padding` (its random
-mixed batches without an attention mask).
+(`_shared_dictionary.ReplacementPolicyConfig`). Three flags follow the paper's code (github pdufter/minimult) where it
+differs from the paper's text: `--no-random-mask-share .9` (its .9/.1/0 no-random), `--attend-padding` (its random
+mixed batches without an attention mask) and `--shift-special-after-masking` (its special tokens shifted after
+masking, by each row's content).
 """
 import dataclasses
 import logging
@@ -20,6 +21,7 @@ from fairseq.tasks import register_task
 from omegaconf import II
 
 from fairseq_xmlm.data.mlm_dataset import MaskedLanguageDataset
+from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.masking import Masker, candidate_table, resolve_replacement_probs
 from fairseq_xmlm.tasks._shared_dictionary import (ReplacementPolicyConfig, SharedDictionaryTask, load_knn_table,
                                                    replacement_config)
@@ -35,6 +37,10 @@ class FakeEnglishConfig(ReplacementPolicyConfig):
     tokens_per_sample: int = field(default=128, metadata={"help": "max tokens per sentence, specials included"})
     lang_pos: bool = field(default=False, metadata={"help": "language-specific position + segment embeddings"})
     shift_special: bool = field(default=False, metadata={"help": "Fake-English has its own special tokens"})
+    shift_special_after_masking: bool = field(
+        default=False, metadata={"help": "with --shift-special, as the paper's code: after masking, a row's special "
+                                 "tokens are Fake-English's when it holds any Fake-English word (a random replacement "
+                                 "included), else English's"})
     inv_order: bool = field(default=False, metadata={"help": "every Fake-English sentence is reversed"})
     no_parallel: bool = field(
         default=False, metadata={"help": "English from the first half of the corpus, Fake from the second"}
@@ -82,6 +88,8 @@ class FakeEnglishTask(SharedDictionaryTask):
 
     def __init__(self, cfg, english):
         super().__init__(cfg)
+        if cfg.shift_special_after_masking and not cfg.shift_special:
+            raise XmlmError("--shift-special-after-masking changes how --shift-special shifts: give both")
         self.english = english
         self.english_size = len(english)
         self.dictionary = doubled_dictionary(english)
@@ -120,6 +128,15 @@ class FakeEnglishTask(SharedDictionaryTask):
                 ids = ids.flip(0)
         bos, eos, _ = self.specials_of(lang)
         return torch.cat([ids.new_tensor([bos]), ids, ids.new_tensor([eos])])
+
+    def content_specials(self):
+        """--shift-special-after-masking: (shift, the English specials bos, eos, unk and mask) for
+        `masking.specials_follow_content`; else None. Padding keeps its id, which only --attend-padding reads (the
+        paper's code shifts it too)."""
+        if not self.cfg.shift_special_after_masking:
+            return None
+        e = self.english
+        return self.english_size, torch.tensor(sorted({e.bos(), e.eos(), e.unk(), self.mask_idx}))
 
     def mask_symbol(self, lang):
         return self.specials_of(lang)[2]
@@ -171,6 +188,7 @@ class FakeEnglishTask(SharedDictionaryTask):
         self.datasets[split] = dataset(
             items, self.dictionary.pad(), self.build_masker(mask_only=split != "train"), mask_ids,
             self.random_candidate_sets(), seed=self.cfg.seed, shuffle=split == "train",
+            content_specials=self.content_specials(),
         )
         logger.info(f"fake_english {split}: {len(english)} English + {len(fake)} Fake sentences")
 

@@ -24,16 +24,20 @@ from fairseq_xmlm.io import log, write_atomic, write_json
 
 @dataclass(frozen=True)
 class Setting:
-    """How the runs of a setting train: the schedule (runs.SCHEDULES), fairseq-train options of every run and of the
-    --no-random runs only, and the packed models' precision on a GPU (fairseq-train on the CPU is fp32 always)."""
+    """How the runs of a setting train: the schedule (runs.SCHEDULES), fairseq-train options of every run, of the
+    --no-random runs only and of the --shift-special runs only, and the packed models' precision on a GPU
+    (fairseq-train on the CPU is fp32 always)."""
 
     schedule: str = LEGACY_SCHEDULE
     flags: tuple = ()
     no_random_flags: tuple = ()
+    shift_special_flags: tuple = ()
     precision: str = "bf16"
 
     def train_args(self, run_id):
-        return list(self.flags) + (list(self.no_random_flags) if "--no-random" in RUNS[run_id].flags else [])
+        run_flags = RUNS[run_id].flags
+        return (list(self.flags) + (list(self.no_random_flags) if "--no-random" in run_flags else [])
+                + (list(self.shift_special_flags) if "--shift-special" in run_flags else []))
 
 
 BASELINE = "2026-11-28"
@@ -49,6 +53,7 @@ SETTINGS = {
     "paper-code-fp32": Setting("paper-code", precision="fp32"),
     "no-random-.9": Setting(no_random_flags=("--no-random-mask-share", "0.9")),
     "attend-padding": Setting(flags=("--attend-padding",)),
+    "paper-code-specials": Setting("paper-code", shift_special_flags=("--shift-special-after-masking",)),
 }
 
 
@@ -80,6 +85,11 @@ CAUSES = {
     # 5 seeds of 13,700 take about as long
     "fp32": Cause("fp32 (packed) for bf16 under the default (paper-code), as the paper's code", "paper-code-fp32",
                   ("1",), before="paper-code"),
+    # the paper's code shifts the specials after masking, by each row's content: English rows that drew a random
+    # Fake-English word (19 % of the BBE's English rows, about 10 % of the paper's shorter ones) get Fake-English
+    # specials. Only runs with shift-special and random words differ (IDs 2 and 5; 7 and 8 draw none)
+    "shift-special-code": Cause("shift-special after masking, by each row's content, as the paper's code",
+                                "paper-code-specials", ("2", "5"), before="paper-code"),
     "indomain-dev": Cause("dev set in-domain (BBE Old Testament) for KJV: batch128-clip's runs, evaluated twice",
                           "batch128-clip", MOST, indomain=True),
 }
