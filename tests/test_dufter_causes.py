@@ -104,7 +104,10 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
     assert "indomain-dev" not in plan and plan["batch128-clip"] == ["0", "1", "2", "4", "7"]  # evaluated
     assert causes.needed(["indomain-dev"], ("4",)) == {"batch128-clip": ["4"]}
     assert plan[DEFAULT_SCHEDULE] == ["4", "7", "1", "2"] and plan["paper-code-fp32"] == ["1"]
-    assert plan["paper-code-specials"] == ["2"]  # lang-pos;shift-special (5) is not in the preset
+    assert plan["paper-code-specials"] == ["2"] and plan["paper-code-attend-padding"] == ["1"]  # not 5, 6 here
+    code = causes.needed(["shift-special-code", "attend-padding-code"], causes.PRESETS_OF_CAUSES["code"]["ids"])
+    assert code == {DEFAULT_SCHEDULE: ["2", "5", "1", "6"], "paper-code-specials": ["2", "5"],
+                    "paper-code-attend-padding": ["1", "5", "6"]}
     assert causes.needed(["fp32"], ids) == {DEFAULT_SCHEDULE: ["1"], "paper-code-fp32": ["1"]}
     capsys.readouterr()
     monkeypatch.setattr(causes.recipe, "has_gpu", lambda: True)  # the packed plan
@@ -135,6 +138,9 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
             == [line for line in by_setting[DEFAULT_SCHEDULE] if "--lang-pos" in line.split()])
     assert precisions["fp32"] == ["clip-fp32", "paper-code-fp32"] and "paper-code-fp32" not in precisions["bf16"]
     assert all("--attend-padding" in line for line in by_setting["attend-padding"])
+    assert [line.replace("paper-code-attend-padding", DEFAULT_SCHEDULE).replace(" --attend-padding", "")
+            for line in by_setting["paper-code-attend-padding"]] == [
+        line for line in by_setting[DEFAULT_SCHEDULE] if "/runs/1/" in line]
     shift_special_runs = [line for line in by_setting[DEFAULT_SCHEDULE] if "/runs/2/" in line]
     assert len(shift_special_runs) == 2 and [line.replace("paper-code-specials", DEFAULT_SCHEDULE).replace(
         " --shift-special-after-masking", "") for line in by_setting["paper-code-specials"]] == shift_special_runs

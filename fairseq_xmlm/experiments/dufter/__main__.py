@@ -3,7 +3,7 @@
     python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N] [--ids 0,1,...] [--dry-run]
         [--schedule paper-code|batch128-clip|batch128|clauses|epochs200|2026-11-28] [--clip-norm X] [--lr X]
         [--indomain-dev] [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
-    python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N]   (causes.py)
+    python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny|code] [--seeds N]   (causes.py)
     python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
     python -m fairseq_xmlm.experiments.dufter stock-compare [full|tiny]                       (stock_compare.py)
     python -m fairseq_xmlm.experiments.dufter stall-probe [--ids 1,3] [--seeds N] [--variants ...] (stall_probe.py)

@@ -2,7 +2,7 @@
 μ. Each cause trains the run IDs it matters for in one setting that differs from the 2026-11-28 baseline (or from
 the setting it names as `before`) in that cause alone, and sets μ and its parts beside that setting's same runs.
 
-    python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny] [--seeds N] [--causes a,b]
+    python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny|code] [--seeds N] [--causes a,b]
         [--data DIR] [--bible-dir DIR] [--results DIR] [--dry-run|--report]
 
 Each setting's runs live in RESULTS/causes/SETTING/runs/ID/seedS/ (a run with its eval.json is skipped, so the
@@ -54,6 +54,7 @@ SETTINGS = {
     "no-random-.9": Setting(no_random_flags=("--no-random-mask-share", "0.9")),
     "attend-padding": Setting(flags=("--attend-padding",)),
     "paper-code-specials": Setting("paper-code", shift_special_flags=("--shift-special-after-masking",)),
+    "paper-code-attend-padding": Setting("paper-code", flags=("--attend-padding",)),
 }
 
 
@@ -90,6 +91,10 @@ CAUSES = {
     # specials. Only runs with shift-special and random words differ (IDs 2 and 5; 7 and 8 draw none)
     "shift-special-code": Cause("shift-special after masking, by each row's content, as the paper's code",
                                 "paper-code-specials", ("2", "5"), before="paper-code"),
+    # under the 2026-11-28 schedule attending to padding kept lang-pos from stalling; under the default, clipped,
+    # the lang-pos rows are still the furthest below the paper
+    "attend-padding-code": Cause("the default with random mixed batches attending to their padding (the paper's "
+                                 "code)", "paper-code-attend-padding", ("1", "5", "6"), before="paper-code"),
     "indomain-dev": Cause("dev set in-domain (BBE Old Testament) for KJV: batch128-clip's runs, evaluated twice",
                           "batch128-clip", MOST, indomain=True),
 }
@@ -99,6 +104,7 @@ PRESETS_OF_CAUSES = {
     "small": {"recipe": "full", "ids": ("0", "1", "2", "4", "7"), "seeds": 2},  # BERT-small runs only
     "all": {"recipe": "full", "ids": MOST, "seeds": 2},
     "tiny": {"recipe": "tiny", "ids": ("4",), "seeds": 1},  # the plumbing, on the CPU in about a minute
+    "code": {"recipe": "full", "ids": ("1", "2", "5", "6"), "seeds": 2},  # the -code causes' shift-special and lang-pos
 }
 
 
