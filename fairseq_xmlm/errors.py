@@ -18,6 +18,17 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse for our commands: a wrong option or value is bad input like any other, so it gets the one
     `error: ...` line and status 2 (argparse's own prints its whole usage text first)."""
 
+    # options whose value is itself a command line: `--train-args --lr-scheduler` reads as two options to argparse
+    # (a value with a space passes); the word after one of them is always its value
+    COMMAND_LINE_VALUES = ("--train-args",)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        for i in range(len(args) - 2, -1, -1):
+            if args[i] in self.COMMAND_LINE_VALUES:
+                args[i:i + 2] = [f"{args[i]}={args[i + 1]}"]
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):
         self.exit(2, f"error: {message} (--help lists the options)\n")
 

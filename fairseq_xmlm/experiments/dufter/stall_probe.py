@@ -16,8 +16,8 @@ the packed trainer follows the schedule and clipping options. A run has stalled 
 full epoch is over STALL_MARGIN bits above the median of its run ID over every variant (it never left the plateau:
 at epoch 3 the runs that left it stood at 7.79-7.95 bits, the GPU stalls at 8.21-8.45,
 docs/results/dufter_stall_cpu.json), or above its own lowest loss of an earlier epoch (it left the plateau and went
-back, as unclipped runs do), or within STALL_MARGIN of the unigram plateau (`unigram_bits`): where most runs of an
-ID stall, the median stands on the plateau and is no guide.
+back, as unclipped runs do), or, from epoch PLATEAU_FROM_EPOCH on, within STALL_MARGIN of the unigram plateau
+(`unigram_bits`): where most runs of an ID stall, the median stands on the plateau and is no guide.
 RESULTS/VARIANT/ID/seedS/ holds each run's log (fairseq-train's output: RESULTS/fairseq/logs/); a variant with
 RESULTS/VARIANT/done (which holds its --train-args) is skipped. Writes RESULTS/stall_probe.json (each run's loss
 per epoch and whether it stalled; per variant and ID how many stalled).
@@ -40,6 +40,9 @@ from fairseq_xmlm.io import log, write_json
 from fairseq_xmlm.vocabulary import load_data_dictionary
 
 STALL_MARGIN = 0.2  # bits over the run ID's median, or over the run's own best earlier epoch, at the last full one
+# The plateau test needs this many full epochs: before epoch 3 runs that train are near the plateau too (the ID 0
+# runs at lr 1e-3 stood at 8.51-8.96 bits at epoch 2, 7.93-8.24 at epoch 3: docs/results/dufter_stall_remedy_gpu.json)
+PLATEAU_FROM_EPOCH = 3
 VARIANTS = {"fairseq": None, "eager": [], "compile": ["--compile"], "graphs": ["--compile", "--cuda-graphs"]}
 
 
@@ -116,7 +119,8 @@ def summarise(losses, full_epochs, plateau_bits=None):
         for (run_id, seed), values in per_run.items():
             final = last[variant, (run_id, seed)]
             went_back = full_epochs > 1 and final > min(values[:full_epochs - 1]) + STALL_MARGIN
-            on_plateau = plateau_bits is not None and final >= plateau_bits - STALL_MARGIN
+            on_plateau = (plateau_bits is not None and full_epochs >= PLATEAU_FROM_EPOCH
+                          and final >= plateau_bits - STALL_MARGIN)
             stalled = final > medians[run_id] + STALL_MARGIN or went_back or on_plateau
             runs.setdefault(variant, {}).setdefault(run_id, {})[str(seed)] = {"loss_per_epoch": values,
                                                                               "stalled": stalled}
