@@ -13,6 +13,8 @@ device the batch lives on, and supports every replacement strategy of the two pa
 
 Which of them a task uses, with which probabilities, is one `ReplacementConfig` (both tasks' flags
 `--replacement-probs`, `--random-replace`, `--no-random`, `--knn-replace`), resolved by `resolve_replacement_probs`.
+`specials_follow_content` is the one step after it that the paper's code takes for shift-special (Fake-English's
+`--shift-special-after-masking`).
 """
 from dataclasses import dataclass
 
