@@ -184,6 +184,51 @@ def test_paired_encoder_restores_input_order_and_skips_specials():
             sentences, sentences)
 
 
+class PaddingSeeingEncoder(TokenEmbeddingEncoder):
+    """Layer 1 adds the mean of the row's embeddings: over its real tokens, or over the whole padded row when the
+    attention mask is dropped (has_padding False), as attention to padding would."""
+
+    def encode_layers(self, tokens, lang_ids, last_layer=None, has_padding=None):
+        x = self.embedding(tokens)
+        seen = torch.ones_like(tokens, dtype=torch.bool) if has_padding is False else tokens.ne(1)
+        context = (x * seen.unsqueeze(-1)).sum(1, keepdim=True) / seen.sum(1).view(-1, 1, 1)
+        return [x, x + context]
+
+
+def test_runs_trained_attending_to_padding_are_evaluated_so():
+    """--attend-padding: batches of 256 in input order without an attention mask, as the paper's code evaluates;
+    otherwise a sentence's vectors do not depend on the sentences batched with it."""
+    from types import SimpleNamespace
+
+    from fairseq_xmlm.evaluation.encode import ATTENDED_BATCH
+
+    torch.manual_seed(0)
+    model = PaddingSeeingEncoder(vocab=40, dim=8)
+    bos, eos, pad = 0, 2, 1
+    short, long = torch.tensor([bos, 5, 6, eos]), torch.tensor([bos, *range(3, 20), eos])
+
+    def task(attend):
+        return SimpleNamespace(cfg=SimpleNamespace(attend_padding=attend), special_ids={bos, eos, pad},
+                               dictionary=SimpleNamespace(pad=lambda: pad))
+
+    vectors = {}
+    for attend in (False, True):
+        encoder = PairedEncoder.for_task(model, task(attend), (1,), torch.device("cpu"))
+        assert encoder.attend_padding == attend
+        with torch.no_grad():
+            alone = encoder.pooled([short], lang=0)[1][0]
+            beside_long = encoder.pooled([short, long], lang=0)[1][0]
+        vectors[attend] = (alone, beside_long)
+    assert torch.allclose(*vectors[False], atol=1e-6)  # masked: the long neighbour's padding is not seen
+    assert not torch.allclose(*vectors[True], atol=1e-3)  # attended: the short row's padding is
+    lengths = [3] * (ATTENDED_BATCH + 10)
+    assert PairedEncoder.for_task(model, task(True), (1,), torch.device("cpu"))._batches(lengths) == [
+        list(range(ATTENDED_BATCH)), list(range(ATTENDED_BATCH, ATTENDED_BATCH + 10))]
+    # a task without cfg.attend_padding (bilingual_mlm's) masks
+    assert not PairedEncoder.for_task(model, SimpleNamespace(special_ids={0}, dictionary=SimpleNamespace(
+        pad=lambda: pad)), (1,), torch.device("cpu")).attend_padding
+
+
 def test_perplexity_is_base_e():
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
     tokens = torch.tensor([[1]])

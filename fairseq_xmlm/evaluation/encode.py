@@ -16,6 +16,9 @@ from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.evaluation.multilinguality import compact_tokens, gold_alignment, mean_pool, mutual_argmax_counts
 
 
+ATTENDED_BATCH = 256  # the paper's code's evaluation batch (evaluate.py's --eval_batch_size default)
+
+
 def ordered_map(function, items, workers):
     """[function(item) for item in items], spread over `workers` threads, each call under inference_mode (grad
     mode is per thread).
@@ -110,11 +113,23 @@ class PairedEncoder:
     device: torch.device
     max_tokens: int = 8192
     workers: int = 1  # threads encoding batches side by side (`ordered_map`)
+    # As the paper's code evaluates (github pdufter/minimult, evaluate.py) and `--attend-padding` trains: batches of
+    # ATTENDED_BATCH inputs in their order, no attention mask, so each state sees its batch's padding
+    attend_padding: bool = False
 
     @classmethod
     def for_task(cls, model, task, layers, device, max_tokens=8192, workers=1):
-        """An encoder of a task's inputs: its special ids are not words, its pad pads."""
-        return cls(model, special_ids(task), task.dictionary.pad(), tuple(layers), device, max_tokens, workers)
+        """An encoder of a task's inputs: its special ids are not words, its pad pads; padding attended when the
+        task trains so (`--attend-padding`)."""
+        attend = bool(getattr(getattr(task, "cfg", None), "attend_padding", False))
+        return cls(model, special_ids(task), task.dictionary.pad(), tuple(layers), device, max_tokens, workers,
+                   attend)
+
+    def _batches(self, lengths):
+        if self.attend_padding:
+            return [list(range(at, min(at + ATTENDED_BATCH, len(lengths))))
+                    for at in range(0, len(lengths), ATTENDED_BATCH)]
+        return length_batches(lengths, self.max_tokens)
 
     def _states(self, inputs, lang):
         tokens = pad_batch(inputs, self.pad).to(self.device)
@@ -122,7 +137,8 @@ class PairedEncoder:
         depth = len(self.model.layers)
         if max(self.layers) > depth:
             raise XmlmError(f"layer {max(self.layers)} does not exist: the model has layers 0..{depth}")
-        states = self.model.encode_layers(tokens, lang_ids, last_layer=max(self.layers))
+        attended = {"has_padding": False} if self.attend_padding else {}  # False drops the attention mask
+        states = self.model.encode_layers(tokens, lang_ids, last_layer=max(self.layers), **attended)
         keep = ~torch.isin(tokens, self.special_ids.to(self.device))
         return states, keep
 
@@ -144,7 +160,7 @@ class PairedEncoder:
     def pooled_and_aligned(self, inputs_a, inputs_b, langs=(0, 1), gold_reversed=None):
         """Mean-pooled vectors {layer: (A (m,D), B (m,D))} and, unless gold_reversed is None, alignment counts
         {layer: (correct, predicted, gold)} against the identity (or reversed) alignment of the word pieces."""
-        batches = length_batches([max(len(a), len(b)) for a, b in zip(inputs_a, inputs_b)], self.max_tokens)
+        batches = self._batches([max(len(a), len(b)) for a, b in zip(inputs_a, inputs_b)])
         per_batch = ordered_map(lambda batch: self._paired_batch(
             [inputs_a[k] for k in batch], [inputs_b[k] for k in batch], langs, gold_reversed), batches, self.workers)
         position = input_positions([k for batch in batches for k in batch])
@@ -161,7 +177,7 @@ class PairedEncoder:
             states, keep = self._states([inputs[k] for k in batch], lang)
             return {layer: mean_pool(states[layer], keep).float().cpu() for layer in self.layers}
 
-        batches = length_batches([len(x) for x in inputs], self.max_tokens)
+        batches = self._batches([len(x) for x in inputs])
         per_batch = ordered_map(pool_batch, batches, self.workers)
         position = input_positions([k for batch in batches for k in batch])
         return {layer: torch.cat([pooled[layer] for pooled in per_batch])[position] for layer in self.layers}
