@@ -87,8 +87,9 @@ CAUSES = {
     "fp32": Cause("fp32 (packed) for bf16 under the default (paper-code), as the paper's code", "paper-code-fp32",
                   ("1",), before="paper-code"),
     # the paper's code shifts the specials after masking, by each row's content: English rows that drew a random
-    # Fake-English word (19 % of the BBE's English rows, about 10 % of the paper's shorter ones) get Fake-English
-    # specials. Only runs with shift-special and random words differ (IDs 2 and 5; 7 and 8 draw none)
+    # Fake-English word get Fake-English specials (19 % of the BBE's English rows in an epoch; at the same .75 % of
+    # tokens, about 11 % of rows of 15 pieces, the paper's shorter sentences). Only runs with shift-special and
+    # random words differ (IDs 2 and 5; 7 and 8 draw none)
     "shift-special-code": Cause("shift-special after masking, by each row's content, as the paper's code",
                                 "paper-code-specials", ("2", "5"), before="paper-code"),
     # under the 2026-11-28 schedule attending to padding kept lang-pos from stalling; under the default, clipped,
