@@ -265,7 +265,7 @@ def test_bad_input_is_refused(fake_english_data, tmp_path):
 def test_specials_follow_each_rows_content_as_the_papers_code_shifts_them():
     # V = 10, specials bos 0, eos 2, unk 3, mask 9 (their twins + 10), pad 1; words 4-8 English, 14-18 Fake
     specials, pad = torch.tensor([0, 2, 3, 9]), 1
-    rows = torch.tensor([[0, 4, 9, 16, 2, 1],     # English, a random Fake word drawn: Fake specials from then on
+    rows = torch.tensor([[0, 4, 9, 16, 2, 1],     # English, a random Fake word drawn: Fake specials
                          [0, 4, 9, 5, 2, 1],      # English, English words only: unchanged
                          [10, 14, 19, 15, 12, 1],  # Fake, its own specials: unchanged
                          [10, 4, 19, 5, 12, 1],    # Fake, every word replaced by English ones: English specials
@@ -275,9 +275,9 @@ def test_specials_follow_each_rows_content_as_the_papers_code_shifts_them():
                                                                    [0, 3, 3, 4, 2, 1]]
 
 
-def content_rule_holds(inputs, v, specials, pad):
-    """Every row's specials are Fake-English's exactly when it holds a Fake-English word; returns how many English
-    rows (bos < v before) that gave Fake-English specials."""
+def content_rule_holds(inputs, v, specials):
+    """Asserts that every row's specials are Fake-English's exactly when it holds a Fake-English word; returns which
+    rows hold one."""
     unshifted = torch.where(inputs >= v, inputs - v, inputs)
     is_special = torch.isin(unshifted, specials)
     fake_row = ((inputs >= v) & ~is_special).any(1)
@@ -294,7 +294,7 @@ def test_shift_special_after_masking_gives_english_rows_with_a_fake_word_fake_sp
     english_rows = fake_rows_of_english = 0
     for batch in batches(task, n=10):
         inputs, langs = batch["net_input"]["src_tokens"], batch["net_input"]["lang_ids"]
-        fake_row = content_rule_holds(inputs, v, specials, task.dictionary.pad())
+        fake_row = content_rule_holds(inputs, v, specials)
         english_rows += int((langs == 0).sum())
         fake_rows_of_english += int(fake_row[langs == 0].sum())
     # about .15 x .1 x .5 of the tokens are random Fake words: a fifth of the Bible's long English rows hold one

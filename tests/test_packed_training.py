@@ -100,7 +100,7 @@ def test_a_packed_run_shifts_specials_after_masking_when_its_command_says_so(fak
     english_rows_shifted = plain_rows_shifted = 0
     for at in range(4):
         inputs, langs, _, _, _ = group.batch([s[at] for s in schedules], torch.Generator().manual_seed(at))
-        fake_row = content_rule_holds(inputs[0], v, specials, group.pad)
+        fake_row = content_rule_holds(inputs[0], v, specials)
         english_rows_shifted += int(fake_row[langs[0] == 0].sum())
         plain_rows_shifted += int((inputs[1][langs[1] == 0, 0] >= v).sum())
     assert english_rows_shifted > 0 and plain_rows_shifted == 0
