@@ -181,6 +181,20 @@ def option(command, name):
     return words[words.index(name) + 1]
 
 
+def test_padding_specials_schedule_attends_to_padding_everywhere_and_shifts_after_masking_where_it_shifts(
+        fake_english_data, tmp_path, capsys):
+    """paper-code-padding-specials: every command, the untrained ones too (their evaluation attends as the training
+    would), has --attend-padding; --shift-special-after-masking only the trained --shift-special runs; the default
+    neither."""
+    common = ["full", "--ids", "0,2,5,18", "--seeds", "1", "--data", str(fake_english_data), "--results",
+              str(tmp_path), "--dry-run"]
+    commands = [c for c in planned(capsys, common + ["--schedule", "paper-code-padding-specials"])
+                if "fairseq_cli.train" in c or "fairseq_xmlm.untrained" in c]
+    assert len(commands) == 4 and all("--attend-padding" in c.split() for c in commands)
+    assert [("--shift-special-after-masking" in c.split()) for c in commands] == [False, True, True, False]
+    assert not any("--attend-padding" in c or "after-masking" in c for c in planned(capsys, common))
+
+
 def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_english_data, tmp_path, capsys):
     """The default trains the paper's ~13,500 updates (batches of 128: 137 an epoch); 200 epochs and clause units
     come near it too; `--schedule 2026-11-28` is the 5-seed table's 69 x 100; each schedule's results apart."""
@@ -193,7 +207,7 @@ def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_eng
     common = ["full", "--ids", "0", "--seeds", "1", "--data", str(fake_english_data), "--results", str(tmp_path),
               "--dry-run"]
     expected = {None: (128, 100, 13700, "1.0"), "paper-code": (128, 100, 13700, "1.0"),
-                "batch128-clip": (128, 100, 13700, "1.0"),
+                "paper-code-padding-specials": (128, 100, 13700, "1.0"), "batch128-clip": (128, 100, 13700, "1.0"),
                 "batch128": (128, 100, 13700, None), "2026-11-28": (256, 100, 6900, None),
                 "epochs200": (256, 200, 13800, None), "clauses": (256, 100, 13700, None)}
     for schedule, (batch, epochs, updates, clip) in expected.items():

@@ -31,11 +31,12 @@ def ensure_data(data, dry_run):
 
 def scheduled(preset, schedule):
     """The preset with the schedule's batch size (unless the preset sets its own), epochs (times its own), gradient
-    clipping and no-random MASK share."""
+    clipping, no-random MASK share, attended padding and shift-special after masking."""
     spec = SCHEDULES[schedule]
     return {**preset, "batch_size": preset.get("batch_size", spec.batch_size),
             "epochs": preset["epochs"] * spec.epoch_factor, "clip_norm": spec.clip_norm,
-            "no_random_mask_share": spec.no_random_mask_share}
+            "no_random_mask_share": spec.no_random_mask_share, "attend_padding": spec.attend_padding,
+            "shift_special_after_masking": spec.shift_special_after_masking}
 
 
 def schedule_data(data, schedule, dry_run):
@@ -109,6 +110,10 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
         command += ["--clip-norm", preset["clip_norm"]]
     if preset.get("no_random_mask_share") and "--no-random" in spec.flags:
         command += ["--no-random-mask-share", preset["no_random_mask_share"]]
+    if preset.get("attend_padding"):  # untrained runs too: the evaluation attends to padding as the model was trained
+        command += ["--attend-padding"]
+    if preset.get("shift_special_after_masking") and "--shift-special" in spec.flags and not spec.untrained:
+        command += ["--shift-special-after-masking"]
     if preset.get("max_update"):  # the tiny presets: a few updates of the whole schedule
         command += ["--max-update", preset["max_update"]]
     if preset.get("valid_steps"):  # the dev loss on a few batches, not all 10k sentences, at every validation
