@@ -133,7 +133,7 @@ def plot_training_curves(runs, path, metrics=("mu", "retrieval0", "retrieval8", 
 
 def plot_causes(summary, path):
     """The causes table as a figure: per cause and run, μ before (open circle) and after (filled), joined by an arrow,
-    the paper's μ of the run as a grey bar, and how many seeds stalled after, where any did. Writes nothing (returns
+    the paper's μ of the run as a grey bar, and how many seeds stalled before and after, where any did. Writes nothing (returns
     None) while no run has results on both sides: the tables still report the side there is."""
     from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, RUNS
 
@@ -151,9 +151,9 @@ def plot_causes(summary, path):
         axis.plot([after], [y], "o", color=color)
         if run_id in PAPER_TABLE1:
             axis.plot([PAPER_TABLE1[run_id]["mu"][0]] * 2, [y - 0.35, y + 0.35], color="0.5", linewidth=2)
-        if sides["after"]["stalled"]:
-            axis.annotate(f"{sides['after']['stalled']}/{sides['after']['n']} stalled", (max(before, after), y),
-                          xytext=(6, -3), textcoords="offset points", fontsize=7, color="C3")
+        if sides["before"]["stalled"] or sides["after"]["stalled"]:  # a stalled side explains its μ
+            axis.annotate("stalled " + " → ".join(f"{side['stalled']}/{side['n']}" for side in sides.values()),
+                          (max(before, after), y), xytext=(6, -3), textcoords="offset points", fontsize=7, color="C3")
     axis.set_yticks(range(len(rows)), [f"{cause}: {run_id} {RUNS[run_id].description}" for cause, run_id, _ in rows],
                     fontsize=7)
     axis.invert_yaxis()
