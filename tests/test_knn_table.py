@@ -138,3 +138,12 @@ def test_fasttext_vectors_do_not_depend_on_memory_this_process_freed(tmp_path):
     with freed_heap_full_of_nonzero_bytes():
         words_after, vectors_after = fasttext.train_fasttext(corpus, dim=16, epochs=1, seed=1, threads=1)
     assert words_after == words_before and np.array_equal(vectors_after, vectors_before)
+
+
+def test_fasttext_missing_is_one_error_naming_the_package(tmp_path, monkeypatch):
+    """Without the fasttext module (a GPU machine with torch only) the error names the package to install."""
+    real_find_spec = fasttext.importlib.util.find_spec
+    monkeypatch.setattr(fasttext.importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "fasttext" else real_find_spec(name, *rest))
+    with pytest.raises(XmlmError, match=r"need the fasttext module \(pip install fasttext-numpy2==0\.10\.4"):
+        fasttext.train_fasttext(tmp_path / "corpus.txt", dim=16, epochs=1, seed=1, threads=1)

@@ -1,5 +1,6 @@
 """Static fastText skipgram vectors: the knn-replace neighbour table's embeddings (`knn_builder.py`) and
 xmlm-analyze word's baseline (`word_vectors.py`)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -34,6 +35,10 @@ def train_fasttext(corpus_path, dim, epochs, seed, threads, min_count=1):
     (the words, then 2M subword buckets) and leaves the rest as malloc returns it: zeros in a young process, where a
     matrix that large is freshly mapped, but stale heap data in a long-lived one such as a test session, where the
     same seed gave other vectors (mappings that recovered no twin, or fastText's "Encountered NaN.")."""
+    if importlib.util.find_spec("fasttext") is None:  # else the child's ModuleNotFoundError names no remedy
+        raise XmlmError(f"fastText vectors of {corpus_path} need the fasttext module (pip install "
+                        "fasttext-numpy2==0.10.4, as scripts/setup.sh does); a knn-replace table can also be built "
+                        "where it is installed and copied")
     options = dict(input=str(corpus_path), model="skipgram", dim=dim, epoch=epochs, minCount=min_count, seed=seed,
                    thread=threads, verbose=0)
     with tempfile.TemporaryDirectory(prefix="xmlm-fasttext-") as tmp:
