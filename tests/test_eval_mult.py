@@ -37,9 +37,9 @@ def test_json_schema_and_value_ranges(evaluated, fake_english_checkpoint):
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
     assert set(written) == {"checkpoint", "task", "products", "mu", "mu_parts", "layers", "ppl", "n_sentences",
-                            "n_words"}
+                            "n_words", "padding"}
     assert written["checkpoint"] == str(fake_english_checkpoint) and written["task"] == "fake_english"
-    assert written["products"] == "fp32"
+    assert written["products"] == "fp32" and written["padding"] == "masked"  # trained with it masked
     assert written["mu_parts"] == ["tau0", "rho0", "tau8", "rho8"]
     assert set(written["layers"]) == {"0", "8"}
     for scores in written["layers"].values():
@@ -62,6 +62,19 @@ def test_tf32_allows_tf32_products_and_leaves_a_cpu_evaluation_as_it_is(evaluate
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     assert result == {**evaluated[0], "checkpoint": result["checkpoint"]}
+
+
+def test_padding_attended_changes_the_states_and_masked_is_the_trained_default(evaluated, fake_english_checkpoint,
+                                                                             fake_english_data):
+    """--padding attended: the dev states see their batch's padding (batches of 256 in corpus order), so the
+    sentence vectors, and with them some score, change; perplexity masks its batches either way. --padding masked
+    on a model trained so gives the default's result."""
+    common = [str(fake_english_checkpoint), "--data", str(fake_english_data), "--device", "cpu", *ARGS]
+    attended = eval_mult.run(common + ["--padding", "attended"])
+    masked = eval_mult.run(common + ["--padding", "masked"])
+    assert attended["padding"] == "attended" and masked == {**evaluated[0], "checkpoint": masked["checkpoint"]}
+    assert attended["ppl"] == masked["ppl"]
+    assert attended["layers"] != masked["layers"]
 
 
 def test_an_untrained_model_is_not_multilingual(evaluated):

@@ -115,6 +115,8 @@ def test_a_dictionary_without_usable_pairs_is_refused(checkpoint, bible_en_fr_da
     expect_cli_error(capsys, eval_mult.main,
                      [str(checkpoint), "--data", str(bible_en_fr_data), "--dict", str(tmp_path / "none.txt")],
                  "does not exist")
+    expect_cli_error(capsys, eval_mult.main, [str(checkpoint), "--data", str(bible_en_fr_data), "--padding",
+                                              "attended"], "--padding is for fake_english checkpoints")
 
 
 def test_data_of_other_languages_is_refused(checkpoint, bible_dir, tmp_path, capsys):

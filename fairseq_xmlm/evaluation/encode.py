@@ -118,12 +118,13 @@ class PairedEncoder:
     attend_padding: bool = False
 
     @classmethod
-    def for_task(cls, model, task, layers, device, max_tokens=8192, workers=1):
+    def for_task(cls, model, task, layers, device, max_tokens=8192, workers=1, attend_padding=None):
         """An encoder of a task's inputs: its special ids are not words, its pad pads; padding attended when the
-        task trains so (`--attend-padding`)."""
-        attend = bool(getattr(getattr(task, "cfg", None), "attend_padding", False))
+        task trains so (`--attend-padding`), or as `attend_padding` says (None: as the task trains)."""
+        if attend_padding is None:
+            attend_padding = bool(getattr(getattr(task, "cfg", None), "attend_padding", False))
         return cls(model, special_ids(task), task.dictionary.pad(), tuple(layers), device, max_tokens, workers,
-                   attend)
+                   attend_padding)
 
     def _batches(self, lengths):
         if self.attend_padding:

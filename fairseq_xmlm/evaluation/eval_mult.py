@@ -1,7 +1,7 @@
 """xmlm-eval-mult: degree of multilinguality and model fit of one `fake_english` or `bilingual_mlm` checkpoint.
 
     xmlm-eval-mult CHECKPOINT --data DATA_BIN [--layers 0 8] [--json OUT.json] [--max-sentences N]
-                   [--split valid|test] [--dict MUSE_FILE] [--tf32]
+                   [--split valid|test] [--dict MUSE_FILE] [--tf32] [--padding trained|attended|masked]
 
 fake_english: the modifications the model was trained with (lang-pos, shift-special, inv-order, ...) come from the
 checkpoint's task config, so the Fake side of the dev data is built exactly as in training; alignment F1, retrieval
@@ -18,8 +18,9 @@ fixed seed) per language through its own lang id, averaged over languages.
 
 Prints one summary line on stdout and, with --json, writes {"checkpoint", "task", "products" ("tf32" with --tf32
 on a GPU, else "fp32"), "mu", "mu_parts", "layers": {"0": {"align_f1", "retrieval", "translation"}, ...},
-"ppl": {"train", "valid"}, "n_sentences", "n_words"}; bilingual_mlm adds "langs", "split", "dict" and
-"ppl_per_lang": {lang: {"train", "valid"}}.
+"ppl": {"train", "valid"}, "n_sentences", "n_words"}; fake_english adds "padding" ("attended" or "masked": whether
+the dev states saw their batch's padding), bilingual_mlm "langs", "split", "dict" and "ppl_per_lang": {lang:
+{"train", "valid"}}.
 """
 import os
 import time
@@ -36,6 +37,7 @@ from fairseq_xmlm.precision import allow_tf32, fp32_products
 from fairseq_xmlm.vocabulary import dictionary_fingerprint, load_data_dictionary
 
 SUPPORTED_TASKS = ("fake_english", "bilingual_mlm")
+PADDING = {"trained": None, "attended": True, "masked": False}  # --padding -> PairedEncoder's attend_padding
 
 
 def clock():
@@ -98,11 +100,13 @@ def load_for_evaluation(path, data_dir, device):
     return model, task
 
 
-def evaluate(model, task, layers=(0, 8), max_sentences=None, max_train_sentences=None, seed=1, device=None):
-    """The eval-mult result dict (without "checkpoint") for a loaded fake_english model and task."""
+def evaluate(model, task, layers=(0, 8), max_sentences=None, max_train_sentences=None, seed=1, device=None,
+             attend_padding=None):
+    """The eval-mult result dict (without "checkpoint") for a loaded fake_english model and task; `attend_padding`
+    True or False encodes the dev set with its padding attended or masked (None: as the model trained)."""
     dev = task.load_split_sentences("valid")[:max_sentences]
     started = clock()
-    result = multilinguality_scores(model, task, dev, layers, device)
+    result = multilinguality_scores(model, task, dev, layers, device, attend_padding=attend_padding)
     log(f"eval-mult: multilinguality on {len(dev)} dev sentences, {result['n_words']} words "
         f"({took(started)})")
     result["ppl"] = {}
@@ -177,6 +181,10 @@ def parse_args(argv):
                         help="on a GPU, matrix products with TF32 inputs (fp32 sums): a BERT-base evaluation's GPU "
                         "time about halves; on a trained checkpoint alignment F1 moved by 7e-6 and perplexity by 1e-5 "
                         "of itself, rho and tau not at all (BERT-base, one H200, 2026-11-28, commit b60f796)")
+    parser.add_argument("--padding", choices=list(PADDING), default="trained",
+                        help="fake_english: the dev states see their batch's padding (attended: batches of 256 in "
+                        "corpus order without an attention mask, as the paper's code evaluates) or not (masked); "
+                        "default: as the checkpoint trained (--attend-padding: attended)")
     args = parser.parse_args(argv)
     if min(args.layers) < 0:
         raise XmlmError(f"--layers must be >= 0, got {args.layers}")
@@ -199,6 +207,9 @@ def run(argv=None):
     result = {"checkpoint": args.checkpoint, "task": name,
               "products": fp32_products(torch.device(args.device))}
     if name == "bilingual_mlm":
+        if args.padding != "trained":
+            raise XmlmError("--padding is for fake_english checkpoints (bilingual_mlm trains and evaluates its "
+                            "streams with the padding masked)")
         result |= evaluate_bilingual(model, task, tuple(args.layers), args.split, args.max_sentences,
                                      args.max_train_sentences, args.seed, args.device, args.dict)
     else:
@@ -206,7 +217,7 @@ def run(argv=None):
             raise XmlmError("--dict and --split are for bilingual_mlm checkpoints (fake_english translates every "
                             "word to its twin on the dev set)")
         result |= evaluate(model, task, tuple(args.layers), args.max_sentences, args.max_train_sentences, args.seed,
-                           args.device)
+                           args.device, PADDING[args.padding])
     if args.json:
         write_json(args.json, result)
     print(summary_line(result))

@@ -51,19 +51,22 @@ def word_vectors(model, task, layers=(0,), device=None):
         return words, encode_words(encoder, task, words)
 
 
-def multilinguality_scores(model, task, sentences, layers=(0, 8), device=None, max_tokens=8192):
+def multilinguality_scores(model, task, sentences, layers=(0, 8), device=None, max_tokens=8192,
+                           attend_padding=None):
     """Alignment F1, retrieval rho and translation tau per layer, and mu, of a `fake_english` model.
 
     sentences: English piece ids (1-D LongTensors, no specials) of the dev sentences; their Fake twins are built
     by `task.sentence_input(ids, 1)` exactly as in training (shift, reversal under inv-order, special tokens).
-    Returns {"mu": f, "layers": {"0": {"align_f1", "retrieval", "translation"}, ...}, "n_sentences", "n_words"}.
+    attend_padding: whether the states see their batch's padding (`PairedEncoder`; None: as the model trained).
+    Returns {"mu": f, "layers": {"0": {"align_f1", "retrieval", "translation"}, ...}, "n_sentences", "n_words",
+    "padding": "attended" or "masked"}.
     """
     if not sentences:
         raise XmlmError("multilinguality: no dev sentences to evaluate")
     device = torch.device(device) if device else model_device(model)
     words = translation_words(task)
     with EvalMode(model, device) as workers:
-        encoder = PairedEncoder.for_task(model, task, layers, device, max_tokens, workers)
+        encoder = PairedEncoder.for_task(model, task, layers, device, max_tokens, workers, attend_padding)
         sentence_vectors, counts = encoder.pooled_and_aligned(
             [task.sentence_input(s, 0) for s in sentences], [task.sentence_input(s, 1) for s in sentences],
             gold_reversed=task.reverses(1) != task.reverses(0))
@@ -83,6 +86,7 @@ def multilinguality_scores(model, task, sentences, layers=(0, 8), device=None, m
         "layers": {str(layer): scores for layer, scores in per_layer.items()},
         "n_sentences": len(sentences),
         "n_words": len(words),
+        "padding": "attended" if encoder.attend_padding else "masked",
     }
 
 
