@@ -133,8 +133,8 @@ def plot_training_curves(runs, path, metrics=("mu", "retrieval0", "retrieval8", 
 
 def plot_causes(summary, path):
     """The causes table as a figure: per cause and run, μ before (open circle) and after (filled), joined by an arrow,
-    the paper's μ of the run as a grey bar, and how many seeds stalled before and after, where any did. Writes nothing (returns
-    None) while no run has results on both sides: the tables still report the side there is."""
+    the paper's μ of the run as a grey bar, and how many seeds stalled before and after, where any did. Writes
+    nothing (returns None) while no run has results on both sides: the tables still report the side there is."""
     from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, RUNS
 
     rows = [(cause, run_id, sides) for cause, entry in summary.items() for run_id, sides in entry["runs"].items()
