@@ -141,7 +141,7 @@ def test_fasttext_vectors_do_not_depend_on_memory_this_process_freed(tmp_path):
 
 
 def test_fasttext_missing_is_one_error_naming_the_package(tmp_path, monkeypatch):
-    """Without the fasttext module (a GPU machine with torch only) the error names the package to install."""
+    """Without the fasttext module (an environment with torch but not fasttext) the error names the package."""
     real_find_spec = fasttext.importlib.util.find_spec
     monkeypatch.setattr(fasttext.importlib.util, "find_spec",
                         lambda name, *rest: None if name == "fasttext" else real_find_spec(name, *rest))
