@@ -67,8 +67,8 @@ class Schedule:
 # paper's code (.9 MASK/.1 keep) rather than its text (.8/.2), since the code made the paper's numbers: at the same
 # updates the code's share raised no-random's mu from .36 to .53 (docs/results.md, causes).
 # paper-code-padding-specials adds the two other habits of the paper's code that the causes measured under the default
-# (docs/results.md, causes, 2 seeds): attended padding kept both lang-pos seeds from stalling and lifted IDs 1 and 5
-# toward the paper (.00 -> .51, .04 -> .16), shift-after-masking lifted shift-special (.56 -> .65).
+# (docs/results.md, causes, 2 seeds): attended padding kept both lang-pos seeds from stalling (mu .00 -> .51, paper
+# .30) and lifted ID 5 (.04 -> .16, paper .20); shifting after masking lifted shift-special (.56 -> .65, paper .66).
 SCHEDULES = {
     "paper-code": Schedule("batches of 128 sentences, 100 epochs: 137 updates an epoch, 13,700 in all; "
                            "--clip-norm 1.0 and no-random as .9 MASK/.1 keep, as the paper's code", batch_size=128,
