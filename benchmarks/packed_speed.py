@@ -278,6 +278,8 @@ def main():
     whole.add_argument("--updates", type=int, default=300, help="updates per run (cap)")
     whole.add_argument("--max-group", type=int, default=40)
     args = parser.parse_args()
+    if args.mode == "steps" and min(args.warmup, args.steps - 1, args.profile_steps - 1) < 0:
+        parser.error("--warmup must be >= 0, --steps and --profile-steps >= 1 (they divide the times)")
     (steps if args.mode == "steps" else sweep)(args)
 
 
