@@ -104,7 +104,7 @@ def main(argv=None):
     if args.clip_norm is not None and args.clip_norm < 0:
         raise XmlmError(f"--clip-norm must be >= 0, got {args.clip_norm}")
     preset = recipe.scheduled({**PRESETS[args.preset], **({"epochs": args.epochs} if args.epochs else {})},
-                              args.schedule)
+                              SCHEDULES[args.schedule])
     if args.clip_norm is not None:
         preset["clip_norm"] = args.clip_norm
     if args.lr is not None:
@@ -133,7 +133,7 @@ def main(argv=None):
     if args.gpu_pack and args.train_args:
         raise XmlmError("--train-args apply to fairseq-train runs, not to --gpu-pack")
     recipe.ensure_data(base_data, args.dry_run)
-    data = recipe.schedule_data(base_data, args.schedule, args.dry_run)
+    data = recipe.schedule_data(base_data, SCHEDULES[args.schedule], args.dry_run)
     train_args = shlex.split(args.train_args)
     knn_table = results / "knn_table.pt"
     if any(RUNS[run_id].needs_knn for run_id in ids):

@@ -12,32 +12,28 @@ command resumes where it stopped); on a GPU they train packed, all settings of o
 present, and how many of those seeds stalled (`stalled`).
 """
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fairseq_xmlm.errors import ArgumentParser, XmlmError
 from fairseq_xmlm.experiments.commands import parse_choices
 from fairseq_xmlm.experiments.dufter import figures, recipe, report, sweep
-from fairseq_xmlm.experiments.dufter.runs import COLUMNS, LEGACY_SCHEDULE, PRESETS, RUNS, SEEDS
+from fairseq_xmlm.experiments.dufter.runs import COLUMNS, LEGACY_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS
 from fairseq_xmlm.io import log, write_atomic, write_json
 
 
 @dataclass(frozen=True)
 class Setting:
-    """How the runs of a setting train: the schedule (runs.SCHEDULES), fairseq-train options of every run, of the
-    --no-random runs only and of the --shift-special runs only, and the packed models' precision on a GPU
-    (fairseq-train on the CPU is fp32 always)."""
+    """How the runs of a setting train: a schedule (runs.SCHEDULES) with some of its fields changed (`changes`:
+    (field, value) pairs), so that which runs a field reaches is decided once, in `recipe.train_command`; and the
+    packed models' precision on a GPU (fairseq-train on the CPU is fp32 always)."""
 
     schedule: str = LEGACY_SCHEDULE
-    flags: tuple = ()
-    no_random_flags: tuple = ()
-    shift_special_flags: tuple = ()
+    changes: tuple = ()
     precision: str = "bf16"
 
-    def train_args(self, run_id):
-        run_flags = RUNS[run_id].flags
-        return (list(self.flags) + (list(self.no_random_flags) if "--no-random" in run_flags else [])
-                + (list(self.shift_special_flags) if "--shift-special" in run_flags else []))
+    def spec(self):
+        return replace(SCHEDULES[self.schedule], **dict(self.changes))
 
 
 BASELINE = "2026-11-28"
@@ -46,17 +42,16 @@ SETTINGS = {
     "batch128": Setting("batch128"),
     "clauses": Setting("clauses"),
     "epochs200": Setting("epochs200"),
-    "clip": Setting(flags=("--clip-norm", "1.0")),
-    "clip-fp32": Setting(flags=("--clip-norm", "1.0"), precision="fp32"),
+    "clip": Setting(changes=(("clip_norm", 1.0),)),
+    "clip-fp32": Setting(changes=(("clip_norm", 1.0),), precision="fp32"),
     "batch128-clip": Setting("batch128-clip"),
     "paper-code": Setting("paper-code"),
     "paper-code-fp32": Setting("paper-code", precision="fp32"),
-    "no-random-.9": Setting(no_random_flags=("--no-random-mask-share", "0.9")),
-    "attend-padding": Setting(flags=("--attend-padding",)),
-    "paper-code-specials": Setting("paper-code", shift_special_flags=("--shift-special-after-masking",)),
-    "paper-code-attend-padding": Setting("paper-code", flags=("--attend-padding",)),
+    "no-random-.9": Setting(changes=(("no_random_mask_share", 0.9),)),
+    "attend-padding": Setting(changes=(("attend_padding", True),)),
+    "paper-code-specials": Setting("paper-code", changes=(("shift_special_after_masking", True),)),
+    "paper-code-attend-padding": Setting("paper-code", changes=(("attend_padding", True),)),
 }
-
 
 @dataclass(frozen=True)
 class Cause:
@@ -135,20 +130,18 @@ def train_all(plan, seeds, data, results, preset, dry_run):
     jobs = {}  # precision -> (training jobs, side jobs)
     for name, run_ids in plan.items():
         setting = SETTINGS[name]
-        setting_preset = recipe.scheduled(preset, setting.schedule)
-        setting_data = recipe.schedule_data(data, setting.schedule, dry_run)
+        setting_preset = recipe.scheduled(preset, setting.spec())
+        setting_data = recipe.schedule_data(data, setting.spec(), dry_run)
         runs_dir = runs_of(results, name)
         knn_table = runs_dir.parent / "knn_table.pt"  # none of these runs needs it
         if not packed:
             for run_id in run_ids:
                 for seed in seeds:
-                    recipe.run_one(run_id, seed, setting_data, runs_dir, setting_preset, knn_table, dry_run,
-                                   setting.train_args(run_id))
+                    recipe.run_one(run_id, seed, setting_data, runs_dir, setting_preset, knn_table, dry_run)
             continue
         pending = [(run_id, seed) for run_id in run_ids for seed in seeds
                    if not (runs_dir / run_id / f"seed{seed}" / "eval.json").exists()]
-        training, side = sweep.planned_jobs(pending, setting_data, runs_dir, setting_preset, knn_table,
-                                            train_args=setting.train_args)
+        training, side = sweep.planned_jobs(pending, setting_data, runs_dir, setting_preset, knn_table)
         both = jobs.setdefault(setting.precision, ([], []))
         both[0].extend(training)
         both[1].extend(side)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fairseq_xmlm.devices import has_gpu
 from fairseq_xmlm.experiments.commands import python_module, run_command
-from fairseq_xmlm.experiments.dufter.runs import BATCH_SIZE, CURVE_IDS, KNN_NEIGHBOURS, RUNS, SCHEDULES
+from fairseq_xmlm.experiments.dufter.runs import BATCH_SIZE, CURVE_IDS, KNN_NEIGHBOURS, RUNS
 from fairseq_xmlm.io import log
 
 PACKAGE = Path(__file__).resolve().parents[2]  # fairseq_xmlm/, the --user-dir of every training
@@ -29,19 +29,19 @@ def ensure_data(data, dry_run):
                 dry_run)
 
 
-def scheduled(preset, schedule):
-    """The preset with the schedule's batch size (unless the preset sets its own), epochs (times its own), gradient
-    clipping, no-random MASK share, attended padding and shift-special after masking."""
-    spec = SCHEDULES[schedule]
+def scheduled(preset, spec):
+    """The preset with the schedule's (a runs.Schedule) batch size (unless the preset sets its own), epochs (times
+    its own), gradient clipping, no-random MASK share, attended padding and shift-special after masking."""
     return {**preset, "batch_size": preset.get("batch_size", spec.batch_size),
             "epochs": preset["epochs"] * spec.epoch_factor, "clip_norm": spec.clip_norm,
             "no_random_mask_share": spec.no_random_mask_share, "attend_padding": spec.attend_padding,
             "shift_special_after_masking": spec.shift_special_after_masking}
 
 
-def schedule_data(data, schedule, dry_run):
-    """The data-bin a schedule trains on: `data` itself, or under "clauses" DATA_clauses cut from it (made here)."""
-    if not SCHEDULES[schedule].clauses:
+def schedule_data(data, spec, dry_run):
+    """The data-bin a schedule (a runs.Schedule) trains on: `data` itself, or with clause units DATA_clauses cut from
+    it (made here)."""
+    if not spec.clauses:
         return data
     clauses = data.with_name(data.name + "_clauses")
     if not (clauses / "dict.txt").exists():

@@ -35,7 +35,7 @@ from fairseq_xmlm.errors import ArgumentParser, XmlmError
 from fairseq_xmlm.experiments.commands import parse_choices, python_module
 from fairseq_xmlm.experiments.dufter import recipe
 from fairseq_xmlm.experiments.dufter.figures import read_fairseq_log
-from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, RUNS, SEEDS
+from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS
 from fairseq_xmlm.io import log, write_json
 from fairseq_xmlm.vocabulary import load_data_dictionary
 
@@ -54,7 +54,7 @@ def probe_seeds(count):
 def probe_commands(ids, seeds, data, variant_dir, updates, train_args=()):
     """{(ID, seed): fairseq-train argv}: the default schedule's command of each run with `train_args` after it,
     capped at `updates` updates, without the multilinguality hook, its log in variant_dir/ID/seedS/train.log."""
-    preset = recipe.scheduled(PRESETS["full"], DEFAULT_SCHEDULE)
+    preset = recipe.scheduled(PRESETS["full"], SCHEDULES[DEFAULT_SCHEDULE])
     return {(run_id, seed): recipe.capped_command(run_id, seed, data, variant_dir / run_id / f"seed{seed}", preset,
                                                   "", updates) + list(train_args)
             for run_id in ids for seed in seeds}
@@ -164,7 +164,7 @@ def main(argv=None):
         raise XmlmError("the graphs variant replays CUDA graphs: it needs a GPU (or its runs done, to summarise)")
     recipe.ensure_data(data, dry_run=False)
     full_epochs = args.updates // recipe.updates_per_epoch(data, False, recipe.scheduled(
-        PRESETS["full"], DEFAULT_SCHEDULE)["batch_size"])
+        PRESETS["full"], SCHEDULES[DEFAULT_SCHEDULE])["batch_size"])
     if full_epochs < 1:
         raise XmlmError(f"--updates {args.updates} is less than one epoch: a stall shows at the end of an epoch")
     losses = {}

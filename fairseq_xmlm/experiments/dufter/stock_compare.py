@@ -26,7 +26,7 @@ from fairseq_xmlm.devices import default_device, has_gpu
 from fairseq_xmlm.errors import ArgumentParser
 from fairseq_xmlm.experiments.commands import parse_choices, python_module, run_command
 from fairseq_xmlm.experiments.dufter import recipe
-from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, SEEDS
+from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS, SCHEDULES, SEEDS
 from fairseq_xmlm.experiments.dufter.stock import export_stock
 from fairseq_xmlm.io import log, write_atomic, write_json
 
@@ -49,7 +49,7 @@ CURVE_OPTIONS = {"--eval-multilinguality": 0, "--validate-interval-updates": 1}
 
 
 def preset_of(name):
-    return recipe.scheduled(PRESETS[name], DEFAULT_SCHEDULE)
+    return recipe.scheduled(PRESETS[name], SCHEDULES[DEFAULT_SCHEDULE])
 
 
 def without(command, options):
