@@ -334,7 +334,7 @@ def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0, mul
     if schedule not in SCHEDULES or SCHEDULES[schedule].clauses:
         raise SystemExit(f"error: schedule {schedule!r}: one of "
                          + ", ".join(name for name, spec in SCHEDULES.items() if not spec.clauses))
-    preset = scheduled(PRESETS["full"], schedule)
+    preset = scheduled(PRESETS["full"], SCHEDULES[schedule])
     return [capped_command(run_id, seed, data, out / run_id / f"seed{seed}", preset, knn_table, updates,
                            multilinguality)
             for run_id in ids for seed in SEEDS[first_seed:first_seed + seeds]]
