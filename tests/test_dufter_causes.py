@@ -14,8 +14,9 @@ from fairseq_xmlm.data.preparation import (CLAUSE_MIN_WORDS, clause_units, prepa
                                            prepare_fake_english_indomain)
 from fairseq_xmlm.experiments.dufter import causes
 from fairseq_xmlm.experiments.dufter.__main__ import main
-from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE
 from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
+
+PAPER_CODE = "paper-code"  # the causes' settings name their schedule, whatever the default is
 
 
 def derived(data, suffix):
@@ -103,12 +104,12 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
     assert plan[causes.BASELINE] == ["0", "1", "2", "4", "7"] and plan["no-random-.9"] == ["4", "7"]
     assert "indomain-dev" not in plan and plan["batch128-clip"] == ["0", "1", "2", "4", "7"]  # evaluated
     assert causes.needed(["indomain-dev"], ("4",)) == {"batch128-clip": ["4"]}
-    assert plan[DEFAULT_SCHEDULE] == ["4", "7", "1", "2"] and plan["paper-code-fp32"] == ["1"]
+    assert plan[PAPER_CODE] == ["4", "7", "1", "2"] and plan["paper-code-fp32"] == ["1"]
     assert plan["paper-code-specials"] == ["2"] and plan["paper-code-attend-padding"] == ["1"]  # not 5, 6 here
     code = causes.needed(["shift-special-code", "attend-padding-code"], causes.PRESETS_OF_CAUSES["code"]["ids"])
-    assert code == {DEFAULT_SCHEDULE: ["2", "5", "1", "6"], "paper-code-specials": ["2", "5"],
+    assert code == {PAPER_CODE: ["2", "5", "1", "6"], "paper-code-specials": ["2", "5"],
                     "paper-code-attend-padding": ["1", "5", "6"]}
-    assert causes.needed(["fp32"], ids) == {DEFAULT_SCHEDULE: ["1"], "paper-code-fp32": ["1"]}
+    assert causes.needed(["fp32"], ids) == {PAPER_CODE: ["1"], "paper-code-fp32": ["1"]}
     capsys.readouterr()
     monkeypatch.setattr(causes.recipe, "has_gpu", lambda: True)  # the packed plan
     packed = causes.train_packed
@@ -133,16 +134,16 @@ def test_every_cause_trains_its_runs_against_the_baseline(fake_english_data, tmp
                for line in by_setting["batch128-clip"])
     assert all("--clip-norm 1.0" in line and "--batch-size 128" in line
                and ("--no-random-mask-share 0.9" in line) == ("--no-random" in line.split())
-               for line in by_setting[DEFAULT_SCHEDULE])
-    assert ([line.replace("paper-code-fp32", DEFAULT_SCHEDULE) for line in by_setting["paper-code-fp32"]]
-            == [line for line in by_setting[DEFAULT_SCHEDULE] if "--lang-pos" in line.split()])
+               for line in by_setting[PAPER_CODE])
+    assert ([line.replace("paper-code-fp32", PAPER_CODE) for line in by_setting["paper-code-fp32"]]
+            == [line for line in by_setting[PAPER_CODE] if "--lang-pos" in line.split()])
     assert precisions["fp32"] == ["clip-fp32", "paper-code-fp32"] and "paper-code-fp32" not in precisions["bf16"]
     assert all("--attend-padding" in line for line in by_setting["attend-padding"])
-    assert [line.replace("paper-code-attend-padding", DEFAULT_SCHEDULE).replace(" --attend-padding", "")
+    assert [line.replace("paper-code-attend-padding", PAPER_CODE).replace(" --attend-padding", "")
             for line in by_setting["paper-code-attend-padding"]] == [
-        line for line in by_setting[DEFAULT_SCHEDULE] if "/runs/1/" in line]
-    shift_special_runs = [line for line in by_setting[DEFAULT_SCHEDULE] if "/runs/2/" in line]
-    assert len(shift_special_runs) == 2 and [line.replace("paper-code-specials", DEFAULT_SCHEDULE).replace(
+        line for line in by_setting[PAPER_CODE] if "/runs/1/" in line]
+    shift_special_runs = [line for line in by_setting[PAPER_CODE] if "/runs/2/" in line]
+    assert len(shift_special_runs) == 2 and [line.replace("paper-code-specials", PAPER_CODE).replace(
         " --shift-special-after-masking", "") for line in by_setting["paper-code-specials"]] == shift_special_runs
     assert all("--no-random-mask-share 0.9" in line and "--no-random" in line for line in by_setting["no-random-.9"])
     assert all("--batch-size 128" in line and "--clip-norm" not in line for line in by_setting["batch128"])

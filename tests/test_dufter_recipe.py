@@ -8,7 +8,7 @@ import torch
 from conftest import expect_cli_error
 from fairseq_xmlm.experiments.dufter import recipe, sweep
 from fairseq_xmlm.experiments.dufter.__main__ import main
-from fairseq_xmlm.experiments.dufter.runs import PRESETS
+from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS
 
 
 def planned(capsys, argv):
@@ -282,7 +282,8 @@ def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table
           str(tmp_path)])
     assert "| 0 | original | 1 | 0.45 | 0.70 |" in (tmp_path / "table1_indomain.md").read_text()
     table = json.loads((tmp_path / "dufter_table1.json").read_text())
-    assert set(table) == {"setting", "updates", "seeds", "rows"} and table["setting"].startswith("paper-code: ")
+    assert set(table) == {"setting", "updates", "seeds", "rows"}
+    assert table["setting"].startswith(f"{DEFAULT_SCHEDULE}: ")
     assert table["updates"] == 13700 and table["seeds"] == [0, 42] and list(table["rows"]) == ["0", "4"]
     row = table["rows"]["0"]
     assert set(row) == {"mu", "mu_std", "n", "layers", "ppl_train", "ppl_dev", "stalled"}
@@ -295,7 +296,8 @@ def test_report_writes_the_table_json_in_the_docs_schema_and_the_in_domain_table
     main(["quickstart", "--report", "--ids", "0", "--data", str(tmp_path / "no-data-needed"), "--results",
           str(tmp_path)])
     setting = json.loads((tmp_path / "dufter_table1.json").read_text())["setting"]
-    assert setting.startswith("paper-code: ") and "; preset quickstart: 3 epochs of batches of 32 sentences" in setting
+    assert setting.startswith(f"{DEFAULT_SCHEDULE}: ")
+    assert "; preset quickstart: 3 epochs of batches of 32 sentences" in setting
 
 
 def test_indomain_dev_evaluates_each_run_on_the_bbe_old_testament_too(fake_english_data, tmp_path, capsys):

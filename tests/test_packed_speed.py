@@ -49,7 +49,7 @@ def test_benchmarked_runs_train_the_recipes_default_schedule_unless_told(tmp_pat
         argv = recipe_commands(["0"], 1, tmp_path, tmp_path / "runs", 10, "", schedule=schedule)[0]
         return argv[argv.index("--batch-size") + 1], "--clip-norm" in argv and argv[argv.index("--clip-norm") + 1]
 
-    assert batch(None) == ("128", "1.0")  # paper-code, the sweep's default
+    assert batch(None) == ("128", "1.0")  # the sweep's default schedule
     assert batch("2026-11-28") == ("256", False)  # unclipped
     with pytest.raises(SystemExit, match="schedule 'clauses'"):
         batch("clauses")
