@@ -184,7 +184,7 @@ def option(command, name):
 def test_padding_specials_schedule_attends_to_padding_everywhere_and_shifts_after_masking_where_it_shifts(
         fake_english_data, tmp_path, capsys):
     """paper-code-padding-specials: every command, the untrained ones too (their evaluation attends as the training
-    would), has --attend-padding; --shift-special-after-masking only the trained --shift-special runs; the default
+    would), has --attend-padding; --shift-special-after-masking only the trained --shift-special runs; paper-code
     neither."""
     common = ["full", "--ids", "0,2,5,18", "--seeds", "1", "--data", str(fake_english_data), "--results",
               str(tmp_path), "--dry-run"]
@@ -192,7 +192,8 @@ def test_padding_specials_schedule_attends_to_padding_everywhere_and_shifts_afte
                 if "fairseq_cli.train" in c or "fairseq_xmlm.untrained" in c]
     assert len(commands) == 4 and all("--attend-padding" in c.split() for c in commands)
     assert [("--shift-special-after-masking" in c.split()) for c in commands] == [False, True, True, False]
-    assert not any("--attend-padding" in c or "after-masking" in c for c in planned(capsys, common))
+    assert not any("--attend-padding" in c or "after-masking" in c
+                   for c in planned(capsys, common + ["--schedule", "paper-code"]))
 
 
 def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_english_data, tmp_path, capsys):

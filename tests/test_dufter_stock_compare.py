@@ -25,7 +25,7 @@ def test_the_stock_command_is_the_plugin_command_with_task_model_and_data_swappe
     # every option of the plugin run but its task, criterion, model and --user-dir is in the stock run, in order
     shared = stock_compare.without(plugin_options, {"--task": 1, "--criterion": 1, "--arch": 1, "--user-dir": 1})
     assert stock_options[-len(shared):] == shared
-    assert shared[shared.index("--total-num-update") + 1] == "13700"  # the default schedule: the paper's updates
+    assert shared[shared.index("--total-num-update") + 1] == "13700"  # paper-code: the paper's updates
     assert shared[-4:] == ["--num-workers", "2", "--log-file", str(tmp_path / "run" / "train.log")]
 
 

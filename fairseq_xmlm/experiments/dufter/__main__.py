@@ -1,7 +1,7 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
     python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N] [--ids 0,1,...] [--dry-run]
-        [--schedule paper-code|batch128-clip|batch128|clauses|epochs200|2026-11-28] [--clip-norm X] [--lr X]
+        [--schedule NAME (runs.SCHEDULES)] [--clip-norm X] [--lr X]
         [--indomain-dev] [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
     python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny|code] [--seeds N]   (causes.py)
     python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
