@@ -19,8 +19,8 @@ fixed seed) per language through its own lang id, averaged over languages.
 Prints one summary line on stdout and, with --json, writes {"checkpoint", "task", "products" ("tf32" with --tf32
 on a GPU, else "fp32"), "mu", "mu_parts", "layers": {"0": {"align_f1", "retrieval", "translation"}, ...},
 "ppl": {"train", "valid"}, "n_sentences", "n_words"}; fake_english adds "padding" ("attended" or "masked": whether
-the dev states saw their batch's padding), bilingual_mlm "langs", "split", "dict" and "ppl_per_lang": {lang:
-{"train", "valid"}}.
+the dev states of F1, rho and tau saw their batch's padding; perplexity masks it always, so that its columns compare
+across models), bilingual_mlm "langs", "split", "dict" and "ppl_per_lang": {lang: {"train", "valid"}}.
 """
 import os
 import time
@@ -184,7 +184,8 @@ def parse_args(argv):
     parser.add_argument("--padding", choices=list(PADDING), default="trained",
                         help="fake_english: the dev states see their batch's padding (attended: batches of 256 in "
                         "corpus order without an attention mask, as the paper's code evaluates) or not (masked); "
-                        "default: as the checkpoint trained (--attend-padding: attended)")
+                        "default: as the checkpoint trained (--attend-padding: attended); perplexity masks it "
+                        "always")
     args = parser.parse_args(argv)
     if min(args.layers) < 0:
         raise XmlmError(f"--layers must be >= 0, got {args.layers}")
