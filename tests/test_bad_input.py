@@ -33,6 +33,8 @@ CONLLU = ("# text = He sleeps.\n1\tHe\the\tPRON\t_\t_\t2\tnsubj\t_\t_\n2\tsleeps
 MUSE = "house maison\nwater eau\nman homme\n"
 GENRE_RESULTS = '{"checkpoint_best.pt": {"test": {"en": 61.5, "fr": 48.0}, "majority": {"en": 30.0, "fr": 30.0}}}\n'
 PIPELINE = "fairseq-train data-bin/x --user-dir fairseq_xmlm --task fake_english --max-update 10\n"
+DUFTER_TABLE = ('{"setting": "s", "rows": {"0": {"mu": 0.6, "ppl_train": 9.0, "layers": {"0": {"retrieval": 0.1, '
+                '"translation": 0.9}, "8": {"retrieval": 0.9, "translation": 0.7}}}}}\n')
 
 
 # --- damages ---------------------------------------------------------------------------------------------------
@@ -93,7 +95,7 @@ class Inputs:
         self.bible_dir, self.data, self.checkpoint = bible_dir, data, checkpoint
         self.good = root
         texts = {"train.tsv": XNLI, "train.bio": CONLL, "train.conllu": CONLLU, "dict.muse": MUSE,
-                 "commands.txt": PIPELINE, "genre.json": GENRE_RESULTS}
+                 "commands.txt": PIPELINE, "genre.json": GENRE_RESULTS, "table1.json": DUFTER_TABLE}
         for name, text in texts.items():
             (root / name).write_text(text, encoding="utf-8")
         (root / "en.txt").write_bytes(b"".join((bible_dir / "en.txt").read_bytes().splitlines(True)[:500]))
@@ -139,6 +141,9 @@ class Inputs:
     def _genre_json(self, damage, where):  # xmlm-genre's results; wrong: JSON, but a list
         path = write(where / "genre.json", damaged(damage, (self.good / "genre.json").read_bytes(), b"[1, 2]\n"))
         return path, path
+
+    def _dufter_table(self, damage, where):  # the Dufter recipe's dufter_table1.json; wrong: xmlm-genre's JSON
+        return self._text("table1.json", damage, where, "genre.json")
 
     def _knn_table(self, damage, where):
         path = write(where / "knn.pt", damaged(damage, (self.good / "knn.pt").read_bytes(), XNLI.encode()))
@@ -271,6 +276,7 @@ COMMANDS = {
         ("data-bin", ["bin-truncated"], "export-stock --data {bad} --out {out}"),
         ("data-bin", ["dict-latin-1"], "causes --preset tiny --data {bad} --results {out}"),
         ("data-bin", ["dict-latin-1"], "stock-compare tiny --data {bad} --results {out}"),
+        ("dufter-table", ["latin-1", "wrong-format"], "compare {good}/table1.json {bad} --out {out}.md"),
     ],
     "-m fairseq_xmlm.experiments.dufter.stock_train": [
         ("data-bin", ["missing"], "{bad} --task masked_lm --arch roberta --cpu --max-update 1 --save-dir {out}"),
@@ -323,7 +329,7 @@ def run_case(inputs, command, role, damage, arguments, where):
     cache = bad if role in ("bible-db", "freedict") else inputs.cache
     env = {**os.environ, "XMLM_CACHE": str(cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     values = {"bad": bad, "out": where / "out", "data": inputs.data, "checkpoint": inputs.checkpoint,
-              "bible": inputs.bible_dir}
+              "bible": inputs.bible_dir, "good": inputs.good}
     argv = [part.format(**values) for part in arguments.split()]
     program = [sys.executable, "-m", command[3:]] if command.startswith("-m ") else [str(VENV_BIN / command)]
     before = {path for path in where.rglob("*") if not path.is_dir()}

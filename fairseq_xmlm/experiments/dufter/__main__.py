@@ -7,6 +7,7 @@
     python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
     python -m fairseq_xmlm.experiments.dufter stock-compare [full|tiny]                       (stock_compare.py)
     python -m fairseq_xmlm.experiments.dufter stall-probe [--ids 1,3] [--seeds N] [--variants ...] (stall_probe.py)
+    python -m fairseq_xmlm.experiments.dufter compare BEFORE.json AFTER.json [--out FILE.md]   (compare.py)
 
 For every run ID (runs.RUNS) and seed: fairseq-train into results/dufter/runs/ID/seedS/, then xmlm-eval-mult
 into .../eval.json. A run whose eval.json exists is skipped, so an interrupted invocation resumes where it stopped.
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
 from fairseq_xmlm.experiments.commands import parse_choices
-from fairseq_xmlm.experiments.dufter import causes, recipe, report, stall_probe, stock, stock_compare, sweep
+from fairseq_xmlm.experiments.dufter import (causes, compare, recipe, report, stall_probe, stock, stock_compare,
+                                             sweep)
 from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS,
                                                   TABLE1_IDS, TABLE2_IDS)
 
@@ -98,6 +100,8 @@ def main(argv=None):
         return stock_compare.main(argv[1:])
     if argv[:1] == ["stall-probe"]:
         return stall_probe.main(argv[1:])
+    if argv[:1] == ["compare"]:
+        return compare.main(argv[1:])
     args = parse_args(argv)
     if args.epochs is not None and args.epochs < 1:
         raise XmlmError(f"--epochs must be at least 1, got {args.epochs}")
