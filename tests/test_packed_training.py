@@ -45,17 +45,21 @@ def command(data, tmp_path, name, seed, *extra, epochs=1):
 
 def fairseq_sample(inputs, langs, positions, target_ids, slot, pad, has_padding=None):
     """The packed batch of one run as fairseq's sample (its blank filler rows dropped); `has_padding` False as the
-    --attend-padding collater gives it."""
+    --attend-padding collater gives it, which pads the batch to its own longest sentence only: the group's longer
+    padding cut off."""
     tokens, lang_ids = inputs[slot], langs[slot]
     targets = torch.full_like(tokens, pad).view(-1)
     valid = target_ids[slot].ne(-100)
     targets[positions[slot][valid]] = target_ids[slot][valid]
     targets = targets.view_as(tokens)
     real = ~(tokens[:, 1:].eq(pad).all(dim=1) & targets.eq(pad).all(dim=1))  # blank rows: bos then padding only
-    return {"id": torch.arange(int(real.sum())), "nsentences": int(real.sum()),
-            "ntokens": int(tokens[real].ne(pad).sum()),
-            "net_input": {"src_tokens": tokens[real], "lang_ids": lang_ids[real], "has_padding": has_padding},
-            "target": targets[real]}
+    tokens, targets = tokens[real], targets[real]
+    if has_padding is False:
+        length = int(tokens.ne(pad).any(dim=0).sum())
+        tokens, targets = tokens[:, :length], targets[:, :length]
+    return {"id": torch.arange(int(real.sum())), "nsentences": int(real.sum()), "ntokens": int(tokens.ne(pad).sum()),
+            "net_input": {"src_tokens": tokens, "lang_ids": lang_ids[real], "has_padding": has_padding},
+            "target": targets}
 
 
 ONE_HEAD = ("--encoder-attention-heads", "1")  # BERT-small's: the stacked layer projects q, k, v in one product
@@ -132,20 +136,29 @@ def test_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path):
 def test_packed_updates_clip_each_runs_norm_as_fairseq_trainer(fake_english_data, tmp_path):
     """fairseq's --clip-norm in a packed group: each run's gradient clipped to its own norm (not the group's), as
     fairseq's Trainer clips it; the clip bites (gradient norms over it) in every update."""
-    norms = assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path, ("--clip-norm", "0.05"),
-                                                        ("--clip-norm", "0.05", "--lang-pos"))
+    norms, _ = assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path, ("--clip-norm", "0.05"),
+                                                           ("--clip-norm", "0.05", "--lang-pos"))
     assert min(norms) > 0.05
 
 
 def test_packed_updates_attend_padding_as_fairseq_trainer(fake_english_data, tmp_path):
     """--attend-padding in a packed group beside a run that masks its padding: the one attends to its random
-    mixed batch's padding as the model does without an attention mask, the other does not."""
+    mixed batch's padding, up to its own longest sentence, as fairseq's Trainer fed its own batch does without an
+    attention mask; the other does not. Run b's longer batches pad the group further in some of the steps."""
     assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path, ("--attend-padding", "--lang-pos"), ())
+
+
+def test_packed_runs_of_other_seeds_attend_to_their_own_padding_only(fake_english_data, tmp_path):
+    """Two --attend-padding runs of other seeds stacked: a step pads to the longer of their random mixed batches,
+    and each run still attends to its own batch's padding only, as fairseq's Trainer fed its own batch does."""
+    _, lengths = assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path,
+                                                             ("--attend-padding", "--lang-pos"), ("--attend-padding",))
+    assert any(group > min(own) for group, own in lengths)  # the group's padding reached past a run's own
 
 
 def assert_packed_updates_equal_fairseq_trainer(data, tmp_path, flags_a, flags_b):
     """Four updates of runs a (seed 1) and b (seed 2) packed = fairseq's Trainer fed the same batches; returns the
-    gradient norms fairseq's Trainer logged."""
+    gradient norms fairseq's Trainer logged and, per step, the group's padded length and each run's own."""
     from fairseq import metrics
     from fairseq.trainer import Trainer
 
@@ -159,9 +172,10 @@ def assert_packed_updates_equal_fairseq_trainer(data, tmp_path, flags_a, flags_b
     # the last batch of run a (short) meets a full one of run b: blank filler rows must change nothing
     steps = [0, 1, 2, len(schedules[0]) - 1]
     references[0].begin_epoch(1), references[1].begin_epoch(1)
-    norms = []
+    norms, lengths = [], []
     for step in steps:
         losses, counts, batch = group.step([schedule[step] for schedule in schedules])
+        lengths.append((batch[0].size(-1), [int(tokens.ne(pad).any(dim=0).sum()) for tokens in batch[0]]))
         for slot, (trainer, run) in enumerate(zip(references, runs)):
             has_padding = False if run.cfg.task.attend_padding else None
             with metrics.aggregate(new_root=True) as logged:
@@ -174,7 +188,7 @@ def assert_packed_updates_equal_fairseq_trainer(data, tmp_path, flags_a, flags_b
         packed = group.stacked.state_dict(slot)
         for name, value in trainer.model.named_parameters():
             assert torch.allclose(packed[name], value.detach(), atol=2e-6), name
-    return norms
+    return norms, lengths
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])

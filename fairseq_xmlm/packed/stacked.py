@@ -295,8 +295,12 @@ class StackedEncoder:
         """
         n, b, t = tokens.shape
         keep = tokens.ne(self.padding_idx)
-        if self.any_attend_padding:  # every key of the sentence's row, padding included
-            keep = keep | self.attend_padding.view(-1, 1, 1)
+        if self.any_attend_padding:
+            # every key up to the run's own longest sentence, as fairseq-train's collater pads its batch; not up to
+            # the group's, which pads to the longest of its runs' batches (seeds stacked together draw others)
+            own_length = keep.any(dim=1).sum(dim=1)  # (N,): sentences start at position 0
+            within = torch.arange(t, device=tokens.device) < own_length.unsqueeze(1)
+            keep = keep | (self.attend_padding.view(-1, 1) & within).unsqueeze(1)
         code = attention_code(keep.view(n * b, t))
         x = F.dropout(self.embed(tokens, langs), dropout)
         # the batch's sizes change from one batch to the next: compiled for any size from the first batch on,
