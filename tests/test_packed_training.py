@@ -91,6 +91,40 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
             assert torch.allclose(logits[slot], expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the GPU's attention kernels (short_attention) need one"))])
+def test_stacked_logits_of_attending_runs_see_their_own_padding_only(fake_english_data, tmp_path, device):
+    """Two --attend-padding runs of other seeds stacked: where the group pads past a run's own longest sentence,
+    the run's logits are still its model's alone on its own batch without an attention mask (as fairseq-train's
+    collater pads it), on the CPU's SDPA and on the GPU's kernels."""
+    device = torch.device(device)
+    runs = [parse_run(command(fake_english_data, tmp_path, f"r{seed}", seed, "--attend-padding")).build()
+            for seed in (1, 2)]
+    for run in runs:
+        run.model.to(device).eval()
+    stacked = StackedEncoder([run.model for run in runs], device, attend_padding=[True, True])
+    group = GroupData(runs, device)
+    schedules = [epoch_batches(run, 1) for run in runs]
+    pad = runs[0].task.dictionary.pad()
+    padded_past = 0
+    for step in range(4):
+        inputs, langs, positions, target_ids, _ = group.batch([s[step] for s in schedules],
+                                                              torch.Generator(device=device).manual_seed(step))
+        with torch.no_grad():
+            logits = stacked.masked_logits(inputs, langs, positions)
+            for slot, run in enumerate(runs):
+                own = int(inputs[slot].ne(pad).any(dim=0).sum())
+                padded_past += own < inputs.size(-1)
+                alone = run.model(inputs[slot][:, :own], langs[slot], features_only=True, has_padding=False)[0]
+                features = alone.new_zeros(*inputs[slot].shape, alone.size(-1))
+                features[:, :own] = alone
+                expected = run.model.output_logits(features.reshape(-1, alone.size(-1))[positions[slot]],
+                                                   langs[slot].new_zeros(positions.size(1)))
+                targets = target_ids[slot].ne(-100)
+                assert torch.allclose(logits[slot][targets], expected[targets], atol=1e-5)
+    assert padded_past > 0
+
+
 def test_a_packed_run_shifts_specials_after_masking_when_its_command_says_so(fake_english_data, tmp_path):
     """--shift-special-after-masking in a group beside a run without it: its rows' specials follow their content,
     as fairseq-train's batches give them (test_fake_english), and the other run's English rows keep English ones."""
