@@ -53,6 +53,7 @@ SETTINGS = {
     "paper-code-attend-padding": Setting("paper-code", changes=(("attend_padding", True),)),
 }
 
+
 @dataclass(frozen=True)
 class Cause:
     description: str
