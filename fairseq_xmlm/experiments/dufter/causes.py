@@ -131,8 +131,9 @@ def train_all(plan, seeds, data, results, preset, dry_run):
     jobs = {}  # precision -> (training jobs, side jobs)
     for name, run_ids in plan.items():
         setting = SETTINGS[name]
-        setting_preset = recipe.scheduled(preset, setting.spec())
-        setting_data = recipe.schedule_data(data, setting.spec(), dry_run)
+        spec = setting.spec()
+        setting_preset = recipe.scheduled(preset, spec)
+        setting_data = recipe.schedule_data(data, spec, dry_run)
         runs_dir = runs_of(results, name)
         knn_table = runs_dir.parent / "knn_table.pt"  # none of these runs needs it
         if not packed:
