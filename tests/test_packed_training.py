@@ -62,6 +62,16 @@ def fairseq_sample(inputs, langs, positions, target_ids, slot, pad, has_padding=
             "target": targets}
 
 
+def logits_alone(model, tokens, langs, positions, length=None, **forward):
+    """One model's own logits at a stacked batch's `positions` (flat indices into its B*T), the model run on the
+    first `length` columns of `tokens` (default: all of them)."""
+    length = length or tokens.size(1)
+    alone = model(tokens[:, :length], langs, features_only=True, **forward)[0]
+    features = alone.new_zeros(*tokens.shape, alone.size(-1))
+    features[:, :length] = alone
+    return model.output_logits(features.reshape(-1, alone.size(-1))[positions], langs.new_zeros(positions.size(0)))
+
+
 ONE_HEAD = ("--encoder-attention-heads", "1")  # BERT-small's: the stacked layer projects q, k, v in one product
 
 
@@ -86,8 +96,7 @@ def test_stacked_logits_equal_each_model(fake_english_data, tmp_path, flags):
         logits = stacked.masked_logits(inputs, langs, positions)
         for slot, run in enumerate(runs):
             run.model.eval()
-            features = run.model(inputs[slot], langs[slot], features_only=True)[0].reshape(-1, 32)
-            expected = run.model.output_logits(features[positions[slot]], langs[slot].new_zeros(positions.size(1)))
+            expected = logits_alone(run.model, inputs[slot], langs[slot], positions[slot])
             assert torch.allclose(logits[slot], expected, atol=1e-5)
 
 
@@ -115,11 +124,7 @@ def test_stacked_logits_of_attending_runs_see_their_own_padding_only(fake_englis
             for slot, run in enumerate(runs):
                 own = int(inputs[slot].ne(pad).any(dim=0).sum())
                 padded_past += own < inputs.size(-1)
-                alone = run.model(inputs[slot][:, :own], langs[slot], features_only=True, has_padding=False)[0]
-                features = alone.new_zeros(*inputs[slot].shape, alone.size(-1))
-                features[:, :own] = alone
-                expected = run.model.output_logits(features.reshape(-1, alone.size(-1))[positions[slot]],
-                                                   langs[slot].new_zeros(positions.size(1)))
+                expected = logits_alone(run.model, inputs[slot], langs[slot], positions[slot], own, has_padding=False)
                 targets = target_ids[slot].ne(-100)
                 assert torch.allclose(logits[slot][targets], expected[targets], atol=1e-5)
     assert padded_past > 0
