@@ -25,8 +25,9 @@ timed again while those shell commands run, e.g. the evaluations that a sweep ru
     python3 benchmarks/packed_speed.py steps --groups 15,16,17 --variants compile_graphs --warmup 75 --steps 300 \
         --beside "$EVAL" --beside "$EVAL" --out DIR/beside
 
-Both modes take the recipe's commands under --schedule (default: the recipe's default, `paper-code`: batches of
-128 sentences, clipping at 1.0; `2026-11-28`: batches of 256, unclipped).
+Both modes take the recipe's commands under --schedule (default: the recipe's default, `paper-code-padding-specials`:
+batches of 128 sentences, clipping at 1.0, padding of random mixed batches attended; `paper-code`: the same with
+padding masked in batches of like lengths; `2026-11-28`: batches of 256, unclipped).
 
 sweep: the recipe's fairseq-train commands of the chosen runs (--ids, --seeds; the paper's BERT-small / BERT-base),
 each capped at --updates, trained as `--gpu-pack` trains them (`packed.processes.train_side_by_side`:

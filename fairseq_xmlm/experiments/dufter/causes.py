@@ -71,16 +71,16 @@ CAUSES = {
     "clip": Cause("--clip-norm 1.0 (packed, bf16), as the paper's code", "clip", MOST),
     "clip-fp32": Cause("--clip-norm 1.0 and fp32 (packed), as the paper's code", "clip-fp32", MOST),
     "batch128-clip": Cause("batches of 128 sentences (13,700 updates) and --clip-norm 1.0", "batch128-clip", MOST),
-    "paper-code": Cause("the default: batch128-clip and no-random as .9 MASK/.1 keep, as the paper's code",
+    "paper-code": Cause("paper-code: batch128-clip and no-random as .9 MASK/.1 keep, as the paper's code",
                         "paper-code", ("4", "7")),
     "no-random-.9": Cause("no-random as .9 MASK/.1 keep (the paper's code) for .8/.2 (its text)", "no-random-.9",
                           ("4", "7")),
     "attend-padding": Cause("random mixed batches attending to their padding (the paper's code)", "attend-padding",
                             ("0", "1", "2", "4", "7")),
-    # lang-pos stalled in 2 of 3 seeds in bf16 under the default (the 5-seed table); the paper's code trains in fp32.
+    # lang-pos stalled in 2 of 3 seeds in bf16 under paper-code (its 5-seed table); the paper's code trains in fp32.
     # lang-pos alone: packed fp32 trained the clip-fp32 cause's 10 runs of 6,900 updates in 1,055 s on an H200, so
     # 5 seeds of 13,700 take about as long
-    "fp32": Cause("fp32 (packed) for bf16 under the default (paper-code), as the paper's code", "paper-code-fp32",
+    "fp32": Cause("fp32 (packed) for bf16 under paper-code, as the paper's code", "paper-code-fp32",
                   ("1",), before="paper-code"),
     # the paper's code shifts the specials after masking, by each row's content: English rows that drew a random
     # Fake-English word get Fake-English specials (19 % of the BBE's English rows in an epoch; at the same .75 % of
@@ -88,9 +88,9 @@ CAUSES = {
     # random words differ (IDs 2 and 5; 7 and 8 draw none)
     "shift-special-code": Cause("shift-special after masking, by each row's content, as the paper's code",
                                 "paper-code-specials", ("2", "5"), before="paper-code"),
-    # under the 2026-11-28 schedule attending to padding kept lang-pos from stalling; under the default, clipped,
-    # the lang-pos rows are still the furthest below the paper
-    "attend-padding-code": Cause("the default with random mixed batches attending to their padding (the paper's "
+    # under the 2026-11-28 schedule attending to padding kept lang-pos from stalling; under paper-code, clipped, the
+    # lang-pos rows were still the furthest below the paper (the default, paper-code-padding-specials, took it)
+    "attend-padding-code": Cause("paper-code with random mixed batches attending to their padding (the paper's "
                                  "code)", "paper-code-attend-padding", ("1", "5", "6"), before="paper-code"),
     "indomain-dev": Cause("dev set in-domain (BBE Old Testament) for KJV: batch128-clip's runs, evaluated twice",
                           "batch128-clip", MOST, indomain=True),

@@ -4,9 +4,9 @@
 
 BEFORE and AFTER are `dufter_table1.json` files (the recipe's table, `report.table_json`), e.g.
 docs/results/dufter_paper-code/ and docs/results/dufter_padding-specials/. For every run ID in both, in AFTER's
-order: the paper's μ, each side's μ ± std over its seeds, the stalled seeds, ρ and τ at layers 0 and 8 and the
-training perplexity, before → after; then, per side, which rows are within MARGIN of the paper's μ. Printed on
-stdout, and with --out written to FILE.md as well.
+order: the paper's μ, each side's μ ± std over its seeds (with n where a row has fewer seeds than its table), the
+stalled seeds, ρ and τ at layers 0 and 8 and the training perplexity, before → after; then, per side, which rows are
+within MARGIN of the paper's μ. Printed on stdout, and with --out written to FILE.md as well.
 """
 import json
 from pathlib import Path
@@ -53,9 +53,12 @@ def _decimal(value):
     return text[1:] if text.startswith("0.") else text
 
 
-def _mu(row):
+def _mu(row, seeds):
+    """μ ± std, and the number of seeds when the row has fewer than its table: a mean of 2 is not one of 5."""
     std = row.get("mu_std")
-    return _decimal(row["mu"]) + ("" if std is None else f" ± {_decimal(std)}")
+    n = row.get("n")
+    return (_decimal(row["mu"]) + ("" if std is None else f" ± {_decimal(std)}")
+            + (f" (n={n})" if isinstance(n, int) and seeds and n < len(seeds) else ""))
 
 
 def _stalled(row):
@@ -80,7 +83,8 @@ def markdown(before, after, names=("before", "after")):
         paper = _decimal(PAPER[run_id]["mu"][0]) if run_id in PAPER else "–"
         parts = [f"{_decimal(old['layers'][layer][part])} → {_decimal(new['layers'][layer][part])}"
                  for layer, part, _ in PARTS]
-        lines.append(f"| {run_id} {RUNS[run_id].description} | {paper} | {_mu(old)} | {_mu(new)} | "
+        lines.append(f"| {run_id} {RUNS[run_id].description} | {paper} | {_mu(old, before.get('seeds'))} | "
+                     f"{_mu(new, after.get('seeds'))} | "
                      f"{_stalled(old)} → {_stalled(new)} | " + " | ".join(parts)
                      + f" | {old['ppl_train']:.0f} → {new['ppl_train']:.0f} |")
     lines.append("")
