@@ -1,6 +1,7 @@
 """What bounds the Dufter 5-seed sweep on one GPU: the model FLOPs of every trained run of Tables 1 and 2, counted
-from the training data (each batch padded to its longest sentence, as the length-sorted batches are), and the time
-they take at the GPU's peak. A measured sweep time (--measured-s) gives the fraction of peak it reached.
+from the training data (each batch padded to its longest sentence: length-sorted batches, or under a schedule that
+attends to padding the random mixed batches of the paper's code, which pad far more), and the time they take at the
+GPU's peak. A measured sweep time (--measured-s) gives the fraction of peak it reached.
 
     python3 benchmarks/dufter_sweep_flops.py [--data data-bin/fake_english] [--schedule paper-code] [--seeds 5]
         [--measured-s 1645 --measured-schedule 2026-11-28] [--out OUT]
@@ -20,6 +21,7 @@ from fairseq_xmlm.vocabulary import load_data_dictionary, load_split_sentences
 
 MATMUL_PEAK = 790e12  # bf16 products measured on an H200 (the device notes' figure), below the datasheet's
 EPOCHS = 100
+RANDOM_EPOCHS = 5  # random mixed batches differ every epoch: their padding is averaged over this many draws
 
 
 def sequence_flops(lengths, layers, dim, ffn, vocab=FAKE_VOCAB, mask_prob=0.15, **_):
@@ -39,6 +41,16 @@ def epoch_positions(lengths, batch_size):
     return ordered, padded
 
 
+def random_epoch_positions(lengths, batch_size, generator):
+    """Positions each sequence takes in an epoch of random mixed batches (`tasks.fake_english.RandomMixedBatches`:
+    consecutive slots of a random permutation of every item): its batch's longest length."""
+    shuffled = np.asarray(lengths)[generator.permutation(len(lengths))]
+    padded = np.empty_like(shuffled)
+    for start in range(0, len(shuffled), batch_size):
+        padded[start:start + batch_size] = shuffled[start:start + batch_size].max()
+    return shuffled, padded
+
+
 def trained_ids():
     return [run_id for run_id in dict.fromkeys(TABLE1_IDS + TABLE2_IDS) if not RUNS[run_id].untrained]
 
@@ -47,12 +59,18 @@ def sweep_flops(lengths, schedule, seeds):
     """{"useful", "padded"} FLOPs of the sweep and the BERT-base runs' share of the padded ones."""
     spec = SCHEDULES[schedule]
     real, padded = epoch_positions(lengths, spec.batch_size)
+    if spec.attend_padding:
+        generator = np.random.default_rng(0)
+        padded = [random_epoch_positions(lengths, spec.batch_size, generator)[1] for _ in range(RANDOM_EPOCHS)]
+    else:
+        padded = [padded]
     total = {"useful": 0.0, "padded": 0.0, "bert_base": 0.0}
     for run_id in trained_ids():
         model = BERT_BASE if "xmlm_bert_base" in RUNS[run_id].flags else BERT_SMALL
         # no-parallel: each sentence in one language, twice the epochs: the same sequences in all
         epochs = EPOCHS * spec.epoch_factor * seeds
-        useful, executed = (epochs * float(sequence_flops(x, **model).sum()) for x in (real, padded))
+        useful = epochs * float(sequence_flops(real, **model).sum())
+        executed = epochs * float(np.mean([sequence_flops(draw, **model).sum() for draw in padded]))
         total["useful"] += useful
         total["padded"] += executed
         if model is BERT_BASE:

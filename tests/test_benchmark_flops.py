@@ -1,5 +1,5 @@
 """benchmarks/dufter_sweep_flops.py: its FLOPs per sequence agree with the per-token count the MFU figures use, and
-length-sorted batches pad each sentence to its batch's longest."""
+length-sorted and random mixed batches pad each sentence to its batch's longest."""
 import os
 import sys
 
@@ -33,3 +33,17 @@ def test_halving_the_batch_adds_updates_not_flops_and_200_epochs_double_them():
     assert flops["batch128"]["padded"] <= flops["2026-11-28"]["padded"] <= 1.05 * flops["batch128"]["padded"]
     assert flops["epochs200"]["useful"] == pytest.approx(2 * flops["2026-11-28"]["useful"])
     assert 0.9 < flops["batch128"]["bert_base"] / flops["batch128"]["padded"] < 1
+
+
+def test_random_mixed_batches_pad_each_sequence_to_its_batchs_longest_and_more_than_sorted_batches():
+    lengths = np.random.default_rng(1).integers(5, 120, size=1000)
+    shuffled, padded = dufter_sweep_flops.random_epoch_positions(lengths, 128, np.random.default_rng(0))
+    assert sorted(shuffled.tolist()) == sorted(lengths.tolist())
+    for start in range(0, 1000, 128):
+        assert (padded[start:start + 128] == shuffled[start:start + 128].max()).all()
+    assert padded.sum() > dufter_sweep_flops.epoch_positions(lengths, 128)[1].sum()
+    # the default attends to the padding of random mixed batches: the same useful work, more executed
+    flops = {name: dufter_sweep_flops.sweep_flops(lengths, name, seeds=1)
+             for name in ("paper-code", "paper-code-padding-specials")}
+    assert flops["paper-code"]["useful"] == flops["paper-code-padding-specials"]["useful"]
+    assert flops["paper-code-padding-specials"]["padded"] > 1.2 * flops["paper-code"]["padded"]
