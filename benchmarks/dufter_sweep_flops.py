@@ -58,19 +58,17 @@ def trained_ids():
 def sweep_flops(lengths, schedule, seeds):
     """{"useful", "padded"} FLOPs of the sweep and the BERT-base runs' share of the padded ones."""
     spec = SCHEDULES[schedule]
-    real, padded = epoch_positions(lengths, spec.batch_size)
-    if spec.attend_padding:
-        generator = np.random.default_rng(0)
-        padded = [random_epoch_positions(lengths, spec.batch_size, generator)[1] for _ in range(RANDOM_EPOCHS)]
-    else:
-        padded = [padded]
+    real, sorted_padding = epoch_positions(lengths, spec.batch_size)
+    generator = np.random.default_rng(0)
+    draws = ([random_epoch_positions(lengths, spec.batch_size, generator)[1] for _ in range(RANDOM_EPOCHS)]
+             if spec.attend_padding else [sorted_padding])
     total = {"useful": 0.0, "padded": 0.0, "bert_base": 0.0}
     for run_id in trained_ids():
         model = BERT_BASE if "xmlm_bert_base" in RUNS[run_id].flags else BERT_SMALL
         # no-parallel: each sentence in one language, twice the epochs: the same sequences in all
         epochs = EPOCHS * spec.epoch_factor * seeds
         useful = epochs * float(sequence_flops(real, **model).sum())
-        executed = epochs * float(np.mean([sequence_flops(draw, **model).sum() for draw in padded]))
+        executed = epochs * float(np.mean([sequence_flops(draw, **model).sum() for draw in draws]))
         total["useful"] += useful
         total["padded"] += executed
         if model is BERT_BASE:

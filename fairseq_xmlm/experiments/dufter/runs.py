@@ -86,7 +86,7 @@ SCHEDULES = {
     "epochs200": Schedule("batches of 256 sentences, 200 epochs: 69 updates an epoch, 13,800 in all", epoch_factor=2),
     "2026-11-28": Schedule("the 5-seed table of 2026-11-28: batches of 256 sentences, 100 epochs, 6,900 updates"),
 }
-# The default is every habit of the paper's code: over 5 seeds (docs/results.md, "Every habit of the paper's code")
+# The default is every habit of the paper's code: over 5 seeds (docs/results.md, "The default against paper-code")
 # it left no seed stalled (paper-code: 4 of 80) and put 16 of 18 rows within .10 of the paper's mu (paper-code: 14).
 DEFAULT_SCHEDULE = "paper-code-padding-specials"
 LEGACY_SCHEDULE = "2026-11-28"  # its results live in results/dufter/ itself, the others' in results/dufter/<name>/
