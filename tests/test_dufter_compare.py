@@ -20,7 +20,8 @@ def test_rows_in_both_side_by_side_and_how_many_are_near_the_paper(tmp_path, cap
     before = write_table(tmp_path / "a.json", "old", {"0": row(0.64), "1": row(0.10, 0.15, stalled=2), "3": row(0.01)})
     after = write_table(tmp_path / "b.json", "new", {"1": row(0.41, 0.20, rho0=0.5), "0": row(0.69, 0.01),
                                                      "21": row(0.17), "3": row(0.01, n=2)})
-    main(["compare", before, after, "--names", "default,habits", "--out", str(tmp_path / "c.md")])
+    main(["compare", before, after, "--names", "default,habits", "--out", str(tmp_path / "c.md"), "--plot",
+          str(tmp_path / "c.png")])
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("| run | μ paper | μ default | μ habits | stalled | L0 ρ |")
@@ -32,6 +33,7 @@ def test_rows_in_both_side_by_side_and_how_many_are_near_the_paper(tmp_path, cap
     assert "- default: 2 of 3 rows within 0.10 of the paper's μ (not: 1); old" in out
     assert "- habits: 2 of 3 rows within 0.10 of the paper's μ (not: 1); new" in out  # .41 is .11 above .30
     assert (tmp_path / "c.md").read_text() == out
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_file_that_is_not_a_table_is_one_error_line(tmp_path, capsys):

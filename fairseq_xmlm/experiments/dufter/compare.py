@@ -1,17 +1,20 @@
 """Two Dufter tables side by side, against the paper: what a change of schedule or training did to each row.
 
     python -m fairseq_xmlm.experiments.dufter compare BEFORE.json AFTER.json [--names A,B] [--out FILE.md]
+        [--plot FILE.png]
 
 BEFORE and AFTER are `dufter_table1.json` files (the recipe's table, `report.table_json`), e.g.
 docs/results/dufter_paper-code/ and docs/results/dufter_padding-specials/. For every run ID in both, in AFTER's
 order: the paper's μ, each side's μ ± std over its seeds (with n where a row has fewer seeds than its table), the
 stalled seeds, ρ and τ at layers 0 and 8 and the training perplexity, before → after; then, per side, which rows are
-within MARGIN of the paper's μ. Printed on stdout, and with --out written to FILE.md as well.
+within MARGIN of the paper's μ. Printed on stdout, and with --out written to FILE.md as well; --plot draws each
+row's μ on both sides beside the paper's (`figures.plot_comparison`).
 """
 import json
 from pathlib import Path
 
 from fairseq_xmlm.errors import ArgumentParser, XmlmError
+from fairseq_xmlm.experiments.dufter.figures import plot_comparison
 from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, PAPER_TABLE2, RUNS
 from fairseq_xmlm.io import write_atomic
 
@@ -53,12 +56,16 @@ def _decimal(value):
     return text[1:] if text.startswith("0.") else text
 
 
-def _mu(row, seeds):
-    """μ ± std, and the number of seeds when the row has fewer than its table: a mean of 2 is not one of 5."""
+def _seeds_note(table, run_id):
+    """" (n=2)" where the row has fewer seeds than its table: a mean of 2 is not one of 5."""
+    n = table["rows"][run_id].get("n")
+    return f" (n={n})" if isinstance(n, int) and n < len(table.get("seeds") or ()) else ""
+
+
+def _mu(table, run_id):
+    row = table["rows"][run_id]
     std = row.get("mu_std")
-    n = row.get("n")
-    return (_decimal(row["mu"]) + ("" if std is None else f" ± {_decimal(std)}")
-            + (f" (n={n})" if isinstance(n, int) and seeds and n < len(seeds) else ""))
+    return _decimal(row["mu"]) + ("" if std is None else f" ± {_decimal(std)}") + _seeds_note(table, run_id)
 
 
 def _stalled(row):
@@ -83,9 +90,8 @@ def markdown(before, after, names=("before", "after")):
         paper = _decimal(PAPER[run_id]["mu"][0]) if run_id in PAPER else "–"
         parts = [f"{_decimal(old['layers'][layer][part])} → {_decimal(new['layers'][layer][part])}"
                  for layer, part, _ in PARTS]
-        lines.append(f"| {run_id} {RUNS[run_id].description} | {paper} | {_mu(old, before.get('seeds'))} | "
-                     f"{_mu(new, after.get('seeds'))} | "
-                     f"{_stalled(old)} → {_stalled(new)} | " + " | ".join(parts)
+        lines.append(f"| {run_id} {RUNS[run_id].description} | {paper} | {_mu(before, run_id)} | "
+                     f"{_mu(after, run_id)} | {_stalled(old)} → {_stalled(new)} | " + " | ".join(parts)
                      + f" | {old['ppl_train']:.0f} → {new['ppl_train']:.0f} |")
     lines.append("")
     for name, table in zip(names, (before, after)):
@@ -105,6 +111,7 @@ def parse_args(argv):
     parser.add_argument("after", help="another dufter_table1.json")
     parser.add_argument("--names", default="before,after", help="the two columns' names, comma-separated")
     parser.add_argument("--out", help="also write the table to this markdown file")
+    parser.add_argument("--plot", help="also draw the rows' μ against the paper's in this PNG file")
     return parser.parse_args(argv)
 
 
@@ -113,7 +120,12 @@ def main(argv=None):
     names = args.names.split(",")
     if len(names) != 2 or not all(names):
         raise XmlmError(f"--names must be two names, comma-separated, got {args.names!r}")
-    text = markdown(read_table(args.before), read_table(args.after), names)
+    before, after = read_table(args.before), read_table(args.after)
+    text = markdown(before, after, names)
     if args.out:
         write_atomic(Path(args.out), text)
+    if args.plot:
+        labels = {run_id: f"{run_id} {RUNS[run_id].description}{_seeds_note(after, run_id)}"
+                  for run_id in after["rows"]}
+        plot_comparison(before, after, names, labels, Path(args.plot))
     print(text, end="")
