@@ -32,23 +32,26 @@ def sequence_flops(lengths, layers, dim, ffn, vocab=FAKE_VOCAB, mask_prob=0.15, 
     return 3 * (layers * per_layer + head)
 
 
+def batch_longest(in_order, batch_size):
+    """Positions each sequence takes when consecutive runs of `batch_size` of `in_order` form the batches: its
+    batch's longest length."""
+    padded = np.empty_like(in_order)
+    for start in range(0, len(in_order), batch_size):
+        padded[start:start + batch_size] = in_order[start:start + batch_size].max()
+    return padded
+
+
 def epoch_positions(lengths, batch_size):
-    """Positions each sequence takes in an epoch of length-sorted batches: its batch's longest length."""
+    """(lengths, positions) of an epoch of length-sorted batches."""
     ordered = np.sort(np.asarray(lengths))
-    padded = np.empty_like(ordered)
-    for start in range(0, len(ordered), batch_size):
-        padded[start:start + batch_size] = ordered[start:start + batch_size].max()
-    return ordered, padded
+    return ordered, batch_longest(ordered, batch_size)
 
 
 def random_epoch_positions(lengths, batch_size, generator):
-    """Positions each sequence takes in an epoch of random mixed batches (`tasks.fake_english.RandomMixedBatches`:
-    consecutive slots of a random permutation of every item): its batch's longest length."""
+    """(lengths, positions) of an epoch of random mixed batches (`tasks.fake_english.RandomMixedBatches`: consecutive
+    slots of a random permutation of every item)."""
     shuffled = np.asarray(lengths)[generator.permutation(len(lengths))]
-    padded = np.empty_like(shuffled)
-    for start in range(0, len(shuffled), batch_size):
-        padded[start:start + batch_size] = shuffled[start:start + batch_size].max()
-    return shuffled, padded
+    return shuffled, batch_longest(shuffled, batch_size)
 
 
 def trained_ids():

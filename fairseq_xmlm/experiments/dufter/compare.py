@@ -78,10 +78,16 @@ def within(rows):
             if run_id in PAPER and abs(row["mu"] - PAPER[run_id]["mu"][0]) <= MARGIN + 1e-9]
 
 
-def markdown(before, after, names=("before", "after")):
+def shared_ids(before, after):
+    """The run IDs of both tables, in AFTER's order."""
     shared = [run_id for run_id in after["rows"] if run_id in before["rows"]]
     if not shared:
         raise XmlmError("the two tables have no run ID in common")
+    return shared
+
+
+def markdown(before, after, names=("before", "after")):
+    shared = shared_ids(before, after)
     header = (f"| run | μ paper | μ {names[0]} | μ {names[1]} | stalled | "
               + " | ".join(label for _, _, label in PARTS) + " | ppl train |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -125,7 +131,7 @@ def main(argv=None):
     if args.out:
         write_atomic(Path(args.out), text)
     if args.plot:
-        labels = {run_id: f"{run_id} {RUNS[run_id].description}{_seeds_note(after, run_id)}"
-                  for run_id in after["rows"]}
-        plot_comparison(before, after, names, labels, Path(args.plot))
+        plot_comparison([(f"{run_id} {RUNS[run_id].description}{_seeds_note(after, run_id)}",
+                          PAPER[run_id]["mu"][0] if run_id in PAPER else None, before["rows"][run_id],
+                          after["rows"][run_id]) for run_id in shared_ids(before, after)], names, Path(args.plot))
     print(text, end="")

@@ -165,25 +165,20 @@ def plot_causes(summary, path):
     return save_png(fig, path)
 
 
-def plot_comparison(before, after, names, labels, path):
-    """Two Dufter tables (`compare.read_table`) against the paper: per run ID of both, in AFTER's order (`labels`:
-    each one's name on the axis), μ ± std over the seeds of BEFORE (open circle) and AFTER (filled), joined by an
-    arrow, and the paper's μ as a grey bar."""
-    from fairseq_xmlm.experiments.dufter.runs import PAPER_TABLE1, PAPER_TABLE2
-
-    paper = {**PAPER_TABLE1, **PAPER_TABLE2}
-    shared = [run_id for run_id in after["rows"] if run_id in before["rows"]]
-    fig, axis = pyplot().subplots(figsize=(8, 0.32 * len(shared) + 1.4))
-    for y, run_id in enumerate(shared):
-        old, new = before["rows"][run_id], after["rows"][run_id]
-        if run_id in paper:
-            axis.plot([paper[run_id]["mu"][0]] * 2, [y - 0.35, y + 0.35], color="0.5", linewidth=2)
+def plot_comparison(rows, names, path):
+    """Two Dufter tables against the paper (`compare`): per row (label, the paper's μ or None, BEFORE's row, AFTER's
+    row), μ ± std over the seeds of BEFORE (open circle) and AFTER (filled), joined by an arrow, and the paper's μ as
+    a grey bar."""
+    fig, axis = pyplot().subplots(figsize=(8, 0.32 * len(rows) + 1.4))
+    for y, (_, paper, old, new) in enumerate(rows):
+        if paper is not None:
+            axis.plot([paper] * 2, [y - 0.35, y + 0.35], color="0.5", linewidth=2)
         axis.annotate("", xy=(new["mu"], y + 0.12), xytext=(old["mu"], y - 0.12),
                       arrowprops={"arrowstyle": "->", "color": "0.3", "linewidth": 0.8})
         for row, offset, style in ((old, -0.12, {"mfc": "white"}), (new, 0.12, {})):
             axis.errorbar([row["mu"]], [y + offset], xerr=[row.get("mu_std") or 0], fmt="o", color="C0", capsize=2,
                           markersize=5, **style)
-    axis.set_yticks(range(len(shared)), [labels[run_id] for run_id in shared], fontsize=7)
+    axis.set_yticks(range(len(rows)), [label for label, *_ in rows], fontsize=7)
     axis.invert_yaxis()
     axis.set_xlim(0, 1)
     axis.set_xlabel(f"μ ± std over seeds (open: {names[0]}; filled: {names[1]}; grey: the paper)", fontsize=8)

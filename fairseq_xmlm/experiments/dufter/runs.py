@@ -66,7 +66,7 @@ class Schedule:
 # clipped, none of 30 packed runs stalled, in bf16 as in fp32. The default also masks the --no-random runs as the
 # paper's code (.9 MASK/.1 keep) rather than its text (.8/.2), since the code made the paper's numbers: at the same
 # updates the code's share raised no-random's mu from .36 to .53 (docs/results.md, causes).
-# paper-code-padding-specials adds the two other habits of the paper's code that the causes measured under the default
+# paper-code-padding-specials adds the two other habits of the paper's code that the causes measured under paper-code
 # (docs/results.md, causes, 2 seeds): attended padding kept both lang-pos seeds from stalling (mu .00 -> .51, paper
 # .30) and lifted ID 5 (.04 -> .16, paper .20); shifting after masking lifted shift-special (.56 -> .65, paper .66).
 PAPER_CODE = Schedule("batches of 128 sentences, 100 epochs: 137 updates an epoch, 13,700 in all; --clip-norm 1.0 "
