@@ -1,14 +1,17 @@
 """python -m fairseq_xmlm.experiments.dufter: the commands it plans, fairseq-train's or --gpu-pack's, and its
 bad-input errors."""
 import json
+import shlex
 
 import pytest
 import torch
 
 from conftest import expect_cli_error
+from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.dufter import recipe, sweep
 from fairseq_xmlm.experiments.dufter.__main__ import main
 from fairseq_xmlm.experiments.dufter.runs import DEFAULT_SCHEDULE, PRESETS
+from fairseq_xmlm.packed.runs import parse_run
 
 
 def planned(capsys, argv):
@@ -38,7 +41,6 @@ def test_gpu_pack_makes_untrained_runs_beside_the_training_and_stops_them_when_i
     import threading
     import time
 
-    from fairseq_xmlm.errors import XmlmError
     from fairseq_xmlm.packed import processes
 
     both_running = threading.Barrier(2, timeout=30)  # broken (an error) unless both stages run at the same time
@@ -194,6 +196,26 @@ def test_padding_specials_schedule_attends_to_padding_everywhere_and_shifts_afte
     assert [("--shift-special-after-masking" in c.split()) for c in commands] == [False, True, True, False]
     assert not any("--attend-padding" in c or "after-masking" in c
                    for c in planned(capsys, common + ["--schedule", "paper-code"]))
+
+
+def test_micro_batches_schedule_accumulates_the_overparam_runs_only(fake_english_data, tmp_path, capsys):
+    """paper-code-micro-batches: the BERT-base runs train micro-batches of 16, 8 to an update of 128 sentences (the
+    same 137 updates an epoch), every other run batches of 128, all as paper-code-padding-specials otherwise; the
+    packed plan takes such a command."""
+    common = ["full", "--ids", "0,15,16", "--seeds", "1", "--data", str(fake_english_data), "--results",
+              str(tmp_path), "--dry-run"]
+    small, *base = train_commands(capsys, common + ["--schedule", "paper-code-micro-batches"])
+    default = train_commands(capsys, common)
+    assert (option(small, "--batch-size"), "--update-freq" in small) == ("128", False) and small == default[0]
+    for micro, whole in zip(base, default[1:]):
+        assert (option(micro, "--batch-size"), option(micro, "--update-freq")) == ("16", "8")
+        assert option(micro, "--total-num-update") == option(whole, "--total-num-update") == "13700"
+        assert micro.replace("--batch-size 16 --update-freq 8", "--batch-size 128") == whole
+    run = parse_run(shlex.split(base[0]) + ["--log-file", str(tmp_path / "train.log")])  # as the sweep adds it
+    assert (run.update_size, run.micro_batch) == (128, 16)
+    assert recipe.batch_options(128, 0) == recipe.batch_options(128, 128) == ["--batch-size", 128]
+    with pytest.raises(XmlmError, match="micro-batches of 48 do not divide batches of 128"):
+        recipe.batch_options(128, 48)
 
 
 def test_schedules_match_the_papers_updates_and_keep_the_2026_11_28_one(fake_english_data, tmp_path, capsys):

@@ -43,15 +43,26 @@ def command(data, tmp_path, name, seed, *extra, epochs=1):
             "--log-file", str(tmp_path / name / "train.log"), "--max-valid-steps", "2", "--cpu", *extra]
 
 
-def fairseq_sample(inputs, langs, positions, target_ids, slot, pad, has_padding=None):
-    """The packed batch of one run as fairseq's sample (its blank filler rows dropped); `has_padding` False as the
-    --attend-padding collater gives it, which pads the batch to its own longest sentence only: the group's longer
-    padding cut off."""
+def fairseq_samples(inputs, langs, positions, target_ids, slot, pad, has_padding=None, micro_batch=None):
+    """The packed batch of one run as fairseq's samples, one per micro-batch of `micro_batch` rows (None: one for
+    the batch), as fairseq's Trainer takes them for one update."""
+    rows = inputs.size(1)
+    step = micro_batch or rows
+    return [fairseq_sample(inputs, langs, positions, target_ids, slot, pad, has_padding, range(i, min(i + step, rows)))
+            for i in range(0, rows, step)]
+
+
+def fairseq_sample(inputs, langs, positions, target_ids, slot, pad, has_padding=None, rows=None):
+    """The packed batch of one run (its `rows`, default all) as fairseq's sample (its blank filler rows dropped);
+    `has_padding` False as the --attend-padding collater gives it, which pads the batch to its own longest sentence
+    only: the group's longer padding cut off."""
     tokens, lang_ids = inputs[slot], langs[slot]
     targets = torch.full_like(tokens, pad).view(-1)
     valid = target_ids[slot].ne(-100)
     targets[positions[slot][valid]] = target_ids[slot][valid]
     targets = targets.view_as(tokens)
+    if rows is not None:
+        tokens, lang_ids, targets = tokens[rows], lang_ids[rows], targets[rows]
     real = ~(tokens[:, 1:].eq(pad).all(dim=1) & targets.eq(pad).all(dim=1))  # blank rows: bos then padding only
     tokens, targets = tokens[real], targets[real]
     if has_padding is False:
@@ -192,7 +203,18 @@ def test_packed_runs_of_other_seeds_attend_to_their_own_padding_only(fake_englis
     and each run still attends to its own batch's padding only, as fairseq's Trainer fed its own batch does."""
     _, lengths = assert_packed_updates_equal_fairseq_trainer(fake_english_data, tmp_path,
                                                              ("--attend-padding", "--lang-pos"), ("--attend-padding",))
-    assert any(group > min(own) for group, own in lengths)  # the group's padding reached past a run's own
+    assert any(group > min(own) for group, own, _ in lengths)  # the group's padding reached past a run's own
+
+
+def test_packed_micro_batches_attend_their_own_padding_as_fairseq_trainer(fake_english_data, tmp_path):
+    """--update-freq 4 of micro-batches of 16 under --attend-padding, beside a run of batches of 64: each
+    micro-batch's sentences attend to its own padding only, the update sums over the micro-batches, as fairseq's
+    Trainer fed the four micro-batches in one update does; the epoch's short micro-batch comes last in its update."""
+    _, lengths = assert_packed_updates_equal_fairseq_trainer(
+        fake_english_data, tmp_path, ("--attend-padding", "--batch-size", "16", "--update-freq", "4"),
+        ("--attend-padding",))
+    assert all(len(micro[0]) == 4 and len(micro[1]) == 1 for _, _, micro in lengths)
+    assert any(min(micro[0]) < own[0] for _, own, micro in lengths)  # a micro-batch padded less than its batch
 
 
 def assert_packed_updates_equal_fairseq_trainer(data, tmp_path, flags_a, flags_b):
@@ -214,11 +236,14 @@ def assert_packed_updates_equal_fairseq_trainer(data, tmp_path, flags_a, flags_b
     norms, lengths = [], []
     for step in steps:
         losses, counts, batch = group.step([schedule[step] for schedule in schedules])
-        lengths.append((batch[0].size(-1), [int(tokens.ne(pad).any(dim=0).sum()) for tokens in batch[0]]))
+        lengths.append((batch[0].size(-1), [int(tokens.ne(pad).any(dim=0).sum()) for tokens in batch[0]],
+                        [[int(tokens[i:i + (run.micro_batch or len(tokens))].ne(pad).any(dim=0).sum())
+                          for i in range(0, len(tokens), run.micro_batch or len(tokens))]
+                         for tokens, run in zip(batch[0], runs)]))
         for slot, (trainer, run) in enumerate(zip(references, runs)):
             has_padding = False if run.cfg.task.attend_padding else None
             with metrics.aggregate(new_root=True) as logged:
-                log = trainer.train_step([fairseq_sample(*batch[:4], slot, pad, has_padding)])
+                log = trainer.train_step(fairseq_samples(*batch[:4], slot, pad, has_padding, run.micro_batch))
             norms.append(float(logged.get_smoothed_values()["gnorm"]))
             assert int(counts[slot]) == int(log["sample_size"])
             # fairseq logs the mean loss in base 2, rounded to 3 decimals
@@ -371,8 +396,8 @@ def test_parse_runs_in_a_pool_gives_what_parsing_one_by_one_gives(fake_english_d
     alone = [parse_run(c) for c in commands]
     assert [run.argv for run in pooled] == commands
     assert [OmegaConf.to_yaml(run.cfg) for run in pooled] == [OmegaConf.to_yaml(run.cfg) for run in alone]
-    refused = command(fake_english_data, tmp_path, "accumulating", 1, "--update-freq", "2")
-    with pytest.raises(XmlmError, match=r"packed training needs --batch-size \(no --max-tokens, no --update-freq\)"):
+    refused = command(fake_english_data, tmp_path, "accumulating", 1, "--update-freq", "2,4")  # one per epoch
+    with pytest.raises(XmlmError, match=r"packed training needs --batch-size \(no --max-tokens\) and one --update-freq"):
         parse_runs(commands[:1] + [refused], workers=2)
 
 

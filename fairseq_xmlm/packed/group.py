@@ -160,7 +160,8 @@ class PackedGroup:
         self.generator = torch.Generator(device=device).manual_seed(first.common.seed)  # masking draws
         self.stacked = StackedEncoder([run.model for run in runs], device,
                                       torch.bfloat16 if precision == "bf16" else torch.float32, compile,
-                                      [bool(run.cfg.task.attend_padding) for run in runs])
+                                      [bool(run.cfg.task.attend_padding) for run in runs],
+                                      [run.micro_batch for run in runs])
         self.data = GroupData(runs, device)
         self.adam = AdamState(self.stacked.flat, self.stacked.leaf_columns, adam_betas(first.optimizer),
                               first.optimizer.adam_eps, first.optimizer.weight_decay,

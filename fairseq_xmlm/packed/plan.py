@@ -15,7 +15,7 @@ def group_key(run):
             t.mask_prob, t.tokens_per_sample, c.optimizer._name, adam_betas(c.optimizer), c.optimizer.adam_eps,
             c.optimizer.weight_decay, tuple(c.optimization.lr), c.optimization.clip_norm, c.optimization.max_epoch,
             c.optimization.max_update, c.lr_scheduler.warmup_updates, c.lr_scheduler.total_num_update,
-            c.lr_scheduler.end_learning_rate, c.lr_scheduler.power, c.dataset.batch_size)
+            c.lr_scheduler.end_learning_rate, c.lr_scheduler.power, c.dataset.batch_size, run.update_size)
 
 
 # Small models stack one seed's runs only from this many on. A step of stacked BERT-small runs costs about 3 ms of
@@ -57,7 +57,7 @@ def estimated_gpu_bytes(runs):
     216e4ff), with 25 % slack. A BERT-base run comes to about 12 GB, a BERT-small one to about 0.9 GB."""
     m, c = runs[0].cfg.model, runs[0].cfg
     d, f, layers = m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_layers
-    tokens = c.dataset.batch_size * c.task.tokens_per_sample
+    tokens = runs[0].update_size * c.task.tokens_per_sample  # an update's micro-batches step as one batch
     activations = layers * tokens * (5 * d + 2 * f) * 2
     return len(runs) * (20 * weight_count(runs[0]) + 1.25 * activations)
 
@@ -87,7 +87,7 @@ def lockstep_teams(chunks):
     def length(chunk):
         cfg = chunk[0].cfg
         return cfg.task.data, cfg.task.no_parallel, cfg.optimization.max_epoch, cfg.optimization.max_update, \
-            cfg.dataset.batch_size
+            chunk[0].update_size
 
     large, small = [c for c in chunks if fills_gpu(c)], [c for c in chunks if not fills_gpu(c)]
     teams = []

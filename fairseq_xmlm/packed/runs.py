@@ -28,6 +28,17 @@ class Run:
         self.updates_per_epoch = self.total_updates = None
 
     @property
+    def update_size(self):
+        """Sentences of an update: --batch-size times --update-freq."""
+        return self.cfg.dataset.batch_size * self.cfg.optimization.update_freq[0]
+
+    @property
+    def micro_batch(self):
+        """Sentences of a micro-batch, whose padding its sentences attend to under --attend-padding, where an update
+        accumulates several (--update-freq > 1); None: the update is one batch."""
+        return self.cfg.dataset.batch_size if self.cfg.optimization.update_freq[0] > 1 else None
+
+    @property
     def log_path(self):
         return self.cfg.common.log_file
 
@@ -86,8 +97,8 @@ def parse_run(argv):
                             f"got {chosen}")
     if not cfg.common.log_file or not cfg.checkpoint.save_dir:
         raise XmlmError("each packed command needs --save-dir and --log-file")
-    if cfg.optimization.update_freq != [1] or not cfg.dataset.batch_size or cfg.dataset.max_tokens:
-        raise XmlmError("packed training needs --batch-size (no --max-tokens, no --update-freq)")
+    if len(cfg.optimization.update_freq) != 1 or not cfg.dataset.batch_size or cfg.dataset.max_tokens:
+        raise XmlmError("packed training needs --batch-size (no --max-tokens) and one --update-freq")
     if cfg.model.sep_emb or cfg.model.sep_layers:
         raise XmlmError("packed training supports shared embeddings and layers only (no --sep-emb / --sep-layers)")
     return Run(argv, cfg)
@@ -112,7 +123,10 @@ def parse_runs(commands, workers=None):
 
 def epoch_batches(run, epoch):
     """fairseq's batches for `epoch` as arrays of item ids, in the order fairseq-train would feed them (the dataset's
-    batches are of slots that it maps to items per epoch: `MaskedLanguageDataset.item_of_slot`)."""
+    batches are of slots that it maps to items per epoch: `MaskedLanguageDataset.item_of_slot`); with --update-freq K,
+    one array per update: K consecutive batches, as fairseq's GroupedIterator hands them to the trainer (fewer at the
+    end of the epoch), the short ones last so that the micro-batches are the array's consecutive `run.micro_batch`
+    items (an update's sum of losses does not depend on the order of its sentences)."""
     cfg, dataset = run.cfg, run.task.dataset("train")
     iterator = run.task.get_batch_iterator(
         dataset=dataset, max_tokens=None, max_sentences=cfg.dataset.batch_size,
@@ -120,8 +134,13 @@ def epoch_batches(run, epoch):
         seed=cfg.common.seed, epoch=epoch, num_workers=0)
     dataset.set_epoch(epoch)
     items = dataset.item_of_slot()
-    return [np.asarray(b) if items is None else items[np.asarray(b)]
-            for b in iterator.ordered_batches(epoch, False, True)]
+    batches = [np.asarray(b) if items is None else items[np.asarray(b)]
+               for b in iterator.ordered_batches(epoch, False, True)]
+    every = cfg.optimization.update_freq[0]
+    if every == 1:
+        return batches
+    return [np.concatenate(sorted(batches[i:i + every], key=len, reverse=True))  # stable: full ones in order
+            for i in range(0, len(batches), every)]
 
 
 def read_commands(path):

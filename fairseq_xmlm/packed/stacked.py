@@ -112,6 +112,21 @@ def attention_code(keep):
     return (2 * sentence + keep.view(rows // share, share * length)).to(torch.int8)
 
 
+WHOLE_BATCH = 2 ** 31 - 1  # a micro-batch size that holds any batch
+
+
+def collated_padding(keep, micro_batches):
+    """keep (N, B, T), each model's real tokens (sentences start at position 0) -> (N, B, T), the positions that
+    fairseq-train's collater gives each sentence: up to the longest sentence of its micro-batch, the consecutive
+    `micro_batches[model]` rows it is in (WHOLE_BATCH: the model's whole batch). Not up to the group's length, which
+    pads to the longest of its runs' batches (seeds stacked together draw others)."""
+    n, b, t = keep.shape
+    lengths = keep.sum(dim=2)  # (N, B)
+    micro = torch.arange(b, device=keep.device).view(1, -1) // micro_batches.view(-1, 1)  # (N, B): each row's
+    longest = torch.zeros_like(lengths).scatter_reduce(1, micro, lengths, "amax")  # (N, B): each micro-batch's
+    return torch.arange(t, device=keep.device) < longest.gather(1, micro).unsqueeze(-1)
+
+
 def attention_mask(code):
     """The SDPA mask (R/G, 1, G*T, G*T) of `attention_code`'s rows: block diagonal, real keys only."""
     sentence, real = code // 2, code % 2 == 1
@@ -178,9 +193,12 @@ class StackedEncoder:
     range. With dtype fp32 the forward pass reads the master weights themselves.
     """
 
-    def __init__(self, models, device, dtype=torch.float32, compile=False, attend_padding=None):
+    def __init__(self, models, device, dtype=torch.float32, compile=False, attend_padding=None, micro_batches=None):
         """`attend_padding`: per model, whether its sentences attend to their batch's padding (fake_english
-        --attend-padding: no attention mask, as `has_padding=False` in the model's forward); default none does."""
+        --attend-padding: no attention mask, as `has_padding=False` in the model's forward); default none does.
+        `micro_batches`: per model, the sentences of the micro-batches that its batches accumulate (fairseq-train's
+        --batch-size under --update-freq; the batch's rows in consecutive runs of that many), each padded to its own
+        longest sentence; None (the default, or for a model): the whole batch is padded as one."""
         for model in models:
             check_stackable(model)
         # lang-pos models have two weights more (LANG_POS_WEIGHTS); a model without them gets zeros in their place,
@@ -203,6 +221,8 @@ class StackedEncoder:
         self.any_lang_pos = bool(self.lang_pos.any())
         self.attend_padding = torch.tensor(attend_padding or [False] * len(models), device=device)
         self.any_attend_padding = bool(self.attend_padding.any())
+        self.micro_batches = torch.tensor([m or WHOLE_BATCH for m in micro_batches or [None] * len(models)],
+                                          device=device)
         # compiled, a layer's bias adds, residual adds and LayerNorms fuse into a few kernels instead of a dozen
         # memory-bound passes, and a small model launches fewer kernels
         model_shape = (self.count, first.cfg.encoder_embed_dim, first.cfg.encoder_ffn_embed_dim, self.heads)
@@ -296,11 +316,7 @@ class StackedEncoder:
         n, b, t = tokens.shape
         keep = tokens.ne(self.padding_idx)
         if self.any_attend_padding:
-            # every key up to the run's own longest sentence, as fairseq-train's collater pads its batch; not up to
-            # the group's, which pads to the longest of its runs' batches (seeds stacked together draw others)
-            own_length = keep.any(dim=1).sum(dim=1)  # (N,): sentences start at position 0
-            within = torch.arange(t, device=tokens.device) < own_length.unsqueeze(1)
-            keep = keep | (self.attend_padding.view(-1, 1) & within).unsqueeze(1)
+            keep = keep | (self.attend_padding.view(-1, 1, 1) & collated_padding(keep, self.micro_batches))
         code = attention_code(keep.view(n * b, t))
         x = F.dropout(self.embed(tokens, langs), dropout)
         # the batch's sizes change from one batch to the next: compiled for any size from the first batch on,

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from fairseq_xmlm.devices import has_gpu
+from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.experiments.commands import python_module, run_command
 from fairseq_xmlm.experiments.dufter.runs import BATCH_SIZE, CURVE_IDS, KNN_NEIGHBOURS, RUNS
 from fairseq_xmlm.io import log
@@ -31,11 +32,24 @@ def ensure_data(data, dry_run):
 
 def scheduled(preset, spec):
     """The preset with the schedule's (a runs.Schedule) batch size (unless the preset sets its own), epochs (times
-    its own), gradient clipping, no-random MASK share, attended padding and shift-special after masking."""
+    its own), gradient clipping, no-random MASK share, attended padding, shift-special after masking and overparam's
+    micro-batches."""
     return {**preset, "batch_size": preset.get("batch_size", spec.batch_size),
             "epochs": preset["epochs"] * spec.epoch_factor, "clip_norm": spec.clip_norm,
             "no_random_mask_share": spec.no_random_mask_share, "attend_padding": spec.attend_padding,
-            "shift_special_after_masking": spec.shift_special_after_masking}
+            "shift_special_after_masking": spec.shift_special_after_masking,
+            "overparam_micro_batch": spec.overparam_micro_batch}
+
+
+def batch_options(batch_size, micro_batch):
+    """fairseq-train's options for batches of `batch_size` sentences, accumulated from micro-batches of `micro_batch`
+    (0: none). fairseq's --update-freq K groups K batches of the epoch: ceil(ceil(n / m) / K) = ceil(n / (m K))
+    updates an epoch, as many as batches of m K give."""
+    if not micro_batch or micro_batch >= batch_size:
+        return ["--batch-size", batch_size]
+    if batch_size % micro_batch:
+        raise XmlmError(f"micro-batches of {micro_batch} do not divide batches of {batch_size}")
+    return ["--batch-size", micro_batch, "--update-freq", batch_size // micro_batch]
 
 
 def schedule_data(data, spec, dry_run):
@@ -87,7 +101,8 @@ def train_command(run_id, seed, data, save_dir, preset, knn_table, train_args=()
         *python_module("fairseq_xmlm.untrained" if spec.untrained else "fairseq_cli.train"), data,
         "--user-dir", PACKAGE, "--task", "fake_english",
         "--criterion", "xmlm_masked_lm", "--optimizer", "adam", "--adam-eps", "1e-6", "--weight-decay", "0.01",
-        "--batch-size", batch_size, "--save-dir", save_dir, "--seed", seed, "--no-epoch-checkpoints",
+        *batch_options(batch_size, preset.get("overparam_micro_batch", 0) if spec.overparam else 0),
+        "--save-dir", save_dir, "--seed", seed, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", "10",
     ]
     flags = dict(zip(("--arch", "--lr"), ("xmlm_bert_small", preset.get("lr", "2e-3"))))

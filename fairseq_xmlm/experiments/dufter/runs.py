@@ -11,6 +11,10 @@ class Run:
     epoch_factor: int = 1  # no-parallel sees each sentence in one language only: twice the epochs
     needs_knn: bool = False  # needs the neighbour table of xmlm-build-knn
 
+    @property
+    def overparam(self):
+        return "xmlm_bert_base" in self.flags
+
 
 OVERPARAM = ("--arch", "xmlm_bert_base", "--lr", "1e-4")
 RUNS = {
@@ -44,8 +48,9 @@ class Schedule:
     """How a run trains: its batch size and epochs (times the preset's), on the sentences or on clause units
     (`data.preparation.prepare_fake_english_clauses`), fairseq-train's --clip-norm (0: none), for the --no-random
     runs, --no-random-mask-share (0: the paper's text, .8 MASK/.2 keep), whether every run attends to the padding of
-    random mixed batches (--attend-padding) and whether the --shift-special runs shift after masking, by each row's
-    content (--shift-special-after-masking)."""
+    random mixed batches (--attend-padding), whether the --shift-special runs shift after masking, by each row's
+    content (--shift-special-after-masking), and the micro-batches the overparam (BERT-base) runs accumulate into
+    each batch (0: none; fairseq-train's --batch-size MICRO --update-freq BATCH/MICRO)."""
 
     description: str
     batch_size: int = 256
@@ -55,6 +60,7 @@ class Schedule:
     no_random_mask_share: float = 0.0
     attend_padding: bool = False
     shift_special_after_masking: bool = False
+    overparam_micro_batch: int = 0
 
 
 # The paper's code logs 135 updates an epoch, 13,500 in 100 epochs, on 17k short sentences; BBE's New Testament has
@@ -72,12 +78,19 @@ class Schedule:
 PAPER_CODE = Schedule("batches of 128 sentences, 100 epochs: 137 updates an epoch, 13,700 in all; --clip-norm 1.0 "
                       "and no-random as .9 MASK/.1 keep, as the paper's code", batch_size=128, clip_norm=1.0,
                       no_random_mask_share=0.9)
+PADDING_SPECIALS = replace(
+    PAPER_CODE, description="paper-code, and every run attends to the padding of random mixed batches and "
+    "shift-special shifts after masking, by each row's content, as the paper's code", attend_padding=True,
+    shift_special_after_masking=True)
 SCHEDULES = {
     "paper-code": PAPER_CODE,
-    "paper-code-padding-specials": replace(
-        PAPER_CODE, description="paper-code, and every run attends to the padding of random mixed batches and "
-        "shift-special shifts after masking, by each row's content, as the paper's code", attend_padding=True,
-        shift_special_after_masking=True),
+    "paper-code-padding-specials": PADDING_SPECIALS,
+    # The paper's code trains overparam in micro-batches of 16 sentences, 16 accumulated into each batch (run.sh:
+    # `runexperiment 15 100 base 16 16`), so each sentence attends to the padding of its micro-batch only, where the
+    # padding-specials schedule pads all 128 sentences to the batch's longest.
+    "paper-code-micro-batches": replace(
+        PADDING_SPECIALS, description="paper-code-padding-specials, and the overparam runs accumulate micro-batches of "
+        "16 sentences (each attending to its own micro-batch's padding), as the paper's code", overparam_micro_batch=16),
     "batch128-clip": Schedule("batches of 128 sentences, 100 epochs: 137 updates an epoch, 13,700 in all; "
                               "--clip-norm 1.0 as the paper's code", batch_size=128, clip_norm=1.0),
     "batch128": Schedule("batches of 128 sentences, 100 epochs: 137 updates an epoch, 13,700 in all", batch_size=128),
