@@ -78,7 +78,7 @@ def fills_gpu(runs):
 
 def lockstep_teams(chunks):
     """The groups as they share processes (`train_groups`): each group that fills the GPU with one that does not, of
-    the same length (data, epochs, updates, batch size) where there is one (a round of two groups on streams of
+    the same length (data, epochs, updates, sentences an update) where there is one (a round of two groups on streams of
     their own took 1/1.040 of their updates one after another; 2026-11-27, one H100, commit 57efe4a); every other
     group alone, the small ones first. A small group compiles in a fraction of a large team's warm-up, so the GPU
     trains it while the large teams compile: in the recipe's 5-seed schedule the GPU first trained 78 s after the
