@@ -34,6 +34,14 @@ def test_gpu_pack_plans_packed_training(fake_english_data, tmp_path, capsys):
     assert [c for c in per_run if "fairseq_cli.train" in c] == [c.split(" --log-file")[0] for c in train]
 
 
+def test_seed_list_trains_the_seeds_it_names(fake_english_data, tmp_path, capsys):
+    common = ["full", "--ids", "1", "--data", str(fake_english_data), "--results", str(tmp_path), "--dry-run"]
+    train = [c for c in planned(capsys, common + ["--seed-list", "7, 1"]) if "fairseq_cli.train" in c]
+    assert len(train) == 2 and "--seed 7 " in train[0] and "--seed 1 " in train[1]
+    for bad in ("1,x", "3,3", "-1", ","):
+        expect_cli_error(capsys, main, common + ["--seed-list", bad], "--seed-list")
+
+
 def test_gpu_pack_makes_untrained_runs_beside_the_training_and_stops_them_when_it_fails(fake_english_data, tmp_path,
                                                                                          monkeypatch):
     """The untrained checkpoints (and evaluations) no longer wait for the training to start: both stages run at

@@ -1,7 +1,7 @@
 """Dufter & Schuetze 2020, Tables 1 and 2 and Figures 4-8, as one restartable command.
 
-    python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N] [--ids 0,1,...] [--dry-run]
-        [--schedule NAME (runs.SCHEDULES)] [--clip-norm X] [--lr X]
+    python -m fairseq_xmlm.experiments.dufter [full|quick|quickstart] [--seeds N|--seed-list 1,2] [--ids 0,1,...]
+        [--dry-run] [--schedule NAME (runs.SCHEDULES)] [--clip-norm X] [--lr X]
         [--indomain-dev] [--gpu-pack [--pack-precision bf16|fp32]] [--report|--status]
     python -m fairseq_xmlm.experiments.dufter causes [--preset small|all|tiny|code] [--seeds N]   (causes.py)
     python -m fairseq_xmlm.experiments.dufter export-stock --out DIR                          (stock.py)
@@ -36,6 +36,8 @@ def parse_args(argv):
                             description=__doc__.split("\n")[0])
     parser.add_argument("preset", nargs="?", choices=sorted(PRESETS), default="full")
     parser.add_argument("--seeds", type=int, help="how many of the paper's seeds (default: the preset's)")
+    parser.add_argument("--seed-list", help="comma-separated seeds in place of --seeds, e.g. more than the paper's "
+                                            "five, to tell whether a row's mean departs from the paper's by chance")
     parser.add_argument("--epochs", type=int, help="epochs of every run (default: the preset's; the schedule's "
                                                    "factor applies on top)")
     parser.add_argument("--ids", help="comma-separated run IDs (default: every ID of Tables 1 and 2)")
@@ -84,6 +86,17 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def parse_seed_list(text):
+    """'1, 2,3' -> [1, 2, 3]: distinct integers >= 0 (fairseq's --seed), else one error."""
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise XmlmError(f"--seed-list takes comma-separated integers, got {text!r}")
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise XmlmError(f"--seed-list needs distinct seeds >= 0, got {text!r}")
+    return seeds
+
+
 def results_dir(schedule):
     results = recipe.REPO / "results" / "dufter"
     return results if schedule == LEGACY_SCHEDULE else results / schedule
@@ -116,7 +129,7 @@ def main(argv=None):
             raise XmlmError(f"--lr must be > 0, got {args.lr:g}")
         preset["lr"] = f"{args.lr:g}"
     ids = parse_choices(args.ids, RUNS, "run IDs", default=preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
-    seeds = SEEDS[: args.seeds or preset["seeds"]]
+    seeds = parse_seed_list(args.seed_list) if args.seed_list else SEEDS[: args.seeds or preset["seeds"]]
     base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
     runs_dir = results / "runs"
     setting = f"{args.schedule}: {SCHEDULES[args.schedule].description}" + (
