@@ -40,6 +40,7 @@ def test_seed_list_trains_the_seeds_it_names(fake_english_data, tmp_path, capsys
     assert len(train) == 2 and "--seed 7 " in train[0] and "--seed 1 " in train[1]
     for bad in ("1,x", "3,3", "-1", ","):
         expect_cli_error(capsys, main, common + ["--seed-list", bad], "--seed-list")
+    expect_cli_error(capsys, main, common + ["--seed-list", "1", "--seeds", "2"], "give one")
 
 
 def test_gpu_pack_makes_untrained_runs_beside_the_training_and_stops_them_when_it_fails(fake_english_data, tmp_path,

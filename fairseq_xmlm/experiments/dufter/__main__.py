@@ -129,6 +129,8 @@ def main(argv=None):
             raise XmlmError(f"--lr must be > 0, got {args.lr:g}")
         preset["lr"] = f"{args.lr:g}"
     ids = parse_choices(args.ids, RUNS, "run IDs", default=preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
+    if args.seed_list and args.seeds:
+        raise XmlmError("--seeds and --seed-list name the seeds twice: give one")
     seeds = parse_seed_list(args.seed_list) if args.seed_list else SEEDS[: args.seeds or preset["seeds"]]
     base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
     runs_dir = results / "runs"
