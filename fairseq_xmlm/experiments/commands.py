@@ -9,14 +9,17 @@ from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.io import log
 
 
-def parse_seeds(text):
-    """--seeds '1,42,100' -> [1, 42, 100]."""
+def parse_seeds(text, option="--seeds"):
+    """--seeds '1,42,100' -> [1, 42, 100]: distinct integers >= 0 (fairseq's --seed; a seed twice would train one run
+    twice), else one error naming `option`."""
     try:
         seeds = [int(seed) for seed in text.split(",") if seed.strip()]
     except ValueError:
-        raise XmlmError(f"--seeds takes comma-separated integers, got {text!r}") from None
+        raise XmlmError(f"{option} takes comma-separated integers, got {text!r}") from None
     if not seeds:
-        raise XmlmError("--seeds is empty")
+        raise XmlmError(f"{option} is empty")
+    if min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise XmlmError(f"{option} needs distinct seeds >= 0, got {text!r}")
     return seeds
 
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from fairseq_xmlm.errors import ArgumentParser, XmlmError, cli_errors
-from fairseq_xmlm.experiments.commands import parse_choices
+from fairseq_xmlm.experiments.commands import parse_choices, parse_seeds
 from fairseq_xmlm.experiments.dufter import (causes, compare, recipe, report, stall_probe, stock, stock_compare,
                                              sweep)
 from fairseq_xmlm.experiments.dufter.runs import (DEFAULT_SCHEDULE, LEGACY_SCHEDULE, PRESETS, RUNS, SCHEDULES, SEEDS,
@@ -86,17 +86,6 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def parse_seed_list(text):
-    """'1, 2,3' -> [1, 2, 3]: distinct integers >= 0 (fairseq's --seed), else one error."""
-    try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise XmlmError(f"--seed-list takes comma-separated integers, got {text!r}")
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise XmlmError(f"--seed-list needs distinct seeds >= 0, got {text!r}")
-    return seeds
-
-
 def results_dir(schedule):
     results = recipe.REPO / "results" / "dufter"
     return results if schedule == LEGACY_SCHEDULE else results / schedule
@@ -131,7 +120,7 @@ def main(argv=None):
     ids = parse_choices(args.ids, RUNS, "run IDs", default=preset.get("ids", dict.fromkeys(TABLE1_IDS + TABLE2_IDS)))
     if args.seed_list and args.seeds:
         raise XmlmError("--seeds and --seed-list name the seeds twice: give one")
-    seeds = parse_seed_list(args.seed_list) if args.seed_list else SEEDS[: args.seeds or preset["seeds"]]
+    seeds = parse_seeds(args.seed_list, "--seed-list") if args.seed_list else SEEDS[: args.seeds or preset["seeds"]]
     base_data, results = Path(args.data), Path(args.results or results_dir(args.schedule))
     runs_dir = results / "runs"
     setting = f"{args.schedule}: {SCHEDULES[args.schedule].description}" + (
