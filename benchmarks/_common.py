@@ -163,9 +163,9 @@ def entry_module(variant):
     return "fairseq_xmlm.train" if variant.endswith(XMLM_TRAIN) else "fairseq_cli.train"
 
 
-def train_command(argv, updates, interval, launcher=PYTHON, module="fairseq_cli.train"):
+def train_command(argv, updates, interval, launcher=PYTHON, module="fairseq_cli.train", seed=1):
     return [*launcher, "-m", module, *argv, "--max-update", str(updates), "--log-interval",
-            str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", "1"]
+            str(interval), "--log-format", "json", "--no-save", "--disable-validation", "--seed", str(seed)]
 
 
 def torchrun_launcher(gpus, options):
@@ -204,9 +204,9 @@ class Bench:
         write_json(os.path.join(self.out, "summary.json"), self.results)
 
     def train(self, name, argv, updates, interval, model=None, vocab=SYNTH_VOCAB, env=None, gpus=1,
-              launcher=PYTHON, module="fairseq_cli.train"):
+              launcher=PYTHON, module="fairseq_cli.train", seed=1):
         """One fairseq-train run (or `module`'s); records mean wps / ups over the intervals after the first."""
-        cmd = train_command(argv, updates, interval, launcher, module)
+        cmd = train_command(argv, updates, interval, launcher, module, seed)
         path = os.path.join(self.logs, log_file_name(name))
         started = time.perf_counter()
         with open(path, "w") as f:
@@ -255,6 +255,9 @@ OURS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--amp-bf16",
 FAST = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--fp16", "--criterion", "xmlm_masked_lm"]
 # the same arithmetic, with xmlm_adamw's flat fp32 master weights in place of FP16Optimizer's per-parameter copies
 FLAT_MASTER = FAST + ["--memory-efficient-fp16"]
+# bf16 parameters with xmlm_adamw's flat fp32 master weights and no loss scaler: under xmlm-train, no host read
+BF16_PARAMS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--bf16-params", "--criterion",
+               "xmlm_masked_lm"]
 
 
 def stock_args(data, m):
@@ -295,8 +298,9 @@ def single_variants(user_dir="fairseq_xmlm"):
     """Our runs of step_speed.py's single section by name: fp16 (fairseq's --fp16 loss scaling, fp32 master weights in
     FP16Optimizer); flat master (xmlm_adamw keeps them flat, --memory-efficient-fp16) alone, with cuDNN's attention,
     with --compile in the default mode and in reduce-overhead (CUDA graphs), and CUDA graphs with cuDNN's attention;
-    bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here); and the
-    CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`: its DDP ranks meet once per update)."""
+    bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here); the
+    CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`: its DDP ranks meet once per update); and the
+    same with bf16 parameters (`--bf16-params`: no loss scaler, so xmlm-train's update reads nothing on the host)."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
@@ -308,7 +312,8 @@ def single_variants(user_dir="fairseq_xmlm"):
             "fp16_flat_master_cudagraphs": flat + ["--compile", "--compile-mode", "reduce-overhead"],
             "fp16_flat_master_cudagraphs_cudnn": fastest,
             "fp16_flat_master_cudagraphs_cudnn" + XMLM_TRAIN: fastest,
-            "bf16": swap(OURS)}
+            "bf16": swap(OURS),
+            "bf16_params_cudagraphs_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + fastest[len(flat):]}
 
 
 def before_variants():

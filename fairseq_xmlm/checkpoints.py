@@ -171,4 +171,5 @@ def load_checkpoint(path, device="cpu", data=None, trust=False):
         except FileNotFoundError as err:
             raise XmlmError(f"cannot set up the task of checkpoint {path}: {err} "
                             "(pass data=DIR if the data directory moved)") from None
-    return models[0].to(device).eval(), task, cfg
+    # in fp32 whatever the training precision (--bf16-params builds a bf16 model): analyses read the states as floats
+    return models[0].float().to(device).eval(), task, cfg

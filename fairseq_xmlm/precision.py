@@ -1,11 +1,14 @@
 """bf16 on the GPU without fairseq's `--bf16`.
 
 fairseq's `--bf16` cannot run on a GPU: its option parser turns `--bf16` into `--tpu` (fairseq/options.py), and the
-trainer then asks torch_xla for a device ('NoneType' object has no attribute 'xla_device'). It would also cast the
-whole model, LayerNorms and softmax included, to bf16. Instead `partially_shared_roberta --amp-bf16` runs its
-forward pass under autocast: matrix products and attention in bf16, parameters, optimizer state, LayerNorm and the
-loss in fp32, no loss scaling needed (bf16 has fp32's exponent range). Use it with a plain fp32 optimizer, e.g.
-`--optimizer xmlm_adamw`, and without `--fp16` / `--amp`.
+trainer then asks torch_xla for a device ('NoneType' object has no attribute 'xla_device'). `partially_shared_roberta`
+has two ways instead, both with fp32 optimizer state and no loss scaling (bf16 has fp32's exponent range):
+- `--amp-bf16`: the forward pass under autocast: matrix products and attention in bf16, parameters, LayerNorm and
+  the loss in fp32. Autocast casts every weight again at each step.
+- `--bf16-params`: the model's parameters and activations in bf16, as `--fp16` keeps them in fp16 (LayerNorm
+  computes in fp32 inside its kernel, the loss's log-softmax in fp32); `--optimizer xmlm_adamw` keeps their fp32
+  master copy. Without a loss scaler, xmlm-train's trainer (`train.py`) can run an update with no host read.
+Use either with `--optimizer xmlm_adamw` and without `--fp16` / `--amp`.
 """
 import torch
 

@@ -19,6 +19,13 @@ optimizer step. It hands the gradient norm on as a host tensor, and the norm's c
 update's statistics. After the optimizer step the host reads nothing and goes on to the next batch while the step
 runs. With xmlm_adamw's flat fp16 gradient under legacy_ddp, it starts the gradient's all-reduce right after the
 update's last backward (`start_gradient_all_reduce`), where fairseq's trainer waits for the statistics first.
+
+On one process without a loss scaler (fp32, or `--bf16-params`) and with `--optimizer xmlm_adamw`, `XmlmTrainer`
+runs an update with no host read at all (`train_step`): fairseq's reads the gradient norm twice (its finiteness
+check and its `gnorm` meter) and every logged statistic once (the smoothed values it returns), so the GPU idles
+while the host prepares each next update. Here a non-finite gradient norm skips the step on the GPU (xmlm_adamw's
+`step_unless_nonfinite`) and raises FloatingPointError one update later, or at the next checkpoint; the logged
+statistics stay GPU tensors until fairseq-train prints them, every --log-interval updates.
 """
 import logging
 import os
@@ -26,10 +33,11 @@ import sys
 
 import torch
 from fairseq.distributed import utils as distributed_utils
+from fairseq.logging import metrics
 from fairseq.trainer import Trainer
 
 from fairseq_xmlm.errors import cli_errors
-from fairseq_xmlm.optim.xmlm_adamw import start_gradient_all_reduce
+from fairseq_xmlm.optim.xmlm_adamw import XmlmAdamW, start_gradient_all_reduce
 
 logger = logging.getLogger("fairseq_xmlm.train")
 
@@ -75,17 +83,100 @@ def check_consistent_grad_norms(norms, amp=False):
 
 
 class XmlmTrainer(Trainer):
-    """fairseq's Trainer with one host wait per update under DDP (module docstring): its train_step is untouched;
-    four of the helpers it calls are replaced.
+    """fairseq's Trainer with one host wait per update under DDP, and none on one process without a loss scaler
+    (module docstring). Under DDP its train_step is fairseq's; four of the helpers it calls are replaced.
 
-    One process keeps fairseq's own path: there no rank waits for another, and on 4x H200 (2026-11-27, commit
-    c863eb6) reading the statistics before the gradient norm made a 1-GPU update slower (30.7-31.0
-    against 31.9-32.2 updates/s): the host queued the gradient's gathering, unscaling and norm only after the
-    backward had ended, where fairseq's path queues them behind the backward."""
+    One process with fp16's loss scaler keeps fairseq's own path: there no rank waits for another, and on 4x H200
+    (2026-11-27, commit c863eb6) reading the statistics before the gradient norm made a 1-GPU update slower
+    (30.7-31.0 against 31.9-32.2 updates/s): the host queued the gradient's gathering, unscaling and norm only after
+    the backward had ended, where fairseq's path queues them behind the backward."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._unchecked_grad_norm = None  # this rank's last gradient norm, checked across ranks with the next stats
+        self._pending_skip = None  # (update number, pinned host flag, CUDA event): a step skipped on the GPU?
+
+    def reads_nothing_per_update(self):
+        """Whether `train_step` takes the path without host reads (module docstring): one process, no loss scaler,
+        xmlm_adamw (which can skip a step on the GPU), no EMA or BMUF."""
+        common = self.cfg.common
+        return (self.data_parallel_world_size == 1 and not (common.fp16 or common.bf16 or common.amp) and not self.tpu
+                and not self.cfg.ema.store_ema and not self.cfg.optimization.use_bmuf
+                and isinstance(self.optimizer, XmlmAdamW))
+
+    def train_step(self, samples, raise_oom=False):
+        """fairseq's train_step for one process (`reads_nothing_per_update`), less its host reads: the same forward and
+        backward passes, gradient scaling, clipping, step and logged statistics."""
+        if not self.reads_nothing_per_update():
+            return super().train_step(samples, raise_oom)
+        self._set_seed()
+        self.model.train()
+        self.criterion.train()
+        self.zero_grad()
+        metrics.log_start_time("train_wall", priority=800, round=0)
+        logging_outputs, sample_size = [], 0
+        for sample in samples:
+            sample, is_dummy_batch = self._prepare_sample(sample)
+            _, size, logging_output = self.task.train_step(sample, self.model, self.criterion, self.optimizer,
+                                                           self.get_num_updates(), ignore_grad=is_dummy_batch)
+            logging_outputs.append(logging_output)
+            sample_size += size
+            if self.cuda and self.get_num_updates() == 0:
+                torch.cuda.empty_cache()  # as fairseq's: after the first step, against fragmentation
+        if is_dummy_batch:
+            sample_size *= 0
+        sample_size = sample_size.float() if torch.is_tensor(sample_size) else float(sample_size)
+
+        self.optimizer.all_reduce_grads(self.model)  # one process: nothing to reduce, unless the model reduces
+        self.optimizer.multiply_grads(1.0 / (sample_size or 1.0))
+        grad_norm = Trainer.clip_grad_norm(self, self.cfg.optimization.clip_norm)
+        self._raise_if_step_skipped()  # the previous update's flag: long computed, the GPU has this update queued
+        if self.optimizer.skips_on_device:
+            self._note_skip(self.optimizer.step_unless_nonfinite(grad_norm))
+        else:  # on the CPU a host read costs no idle GPU
+            if not torch.isfinite(grad_norm).all():
+                raise FloatingPointError("gradients are Nan/Inf")
+            self.task.optimizer_step(self.optimizer, model=self.model, update_num=self.get_num_updates())
+
+        self.set_num_updates(self.get_num_updates() + 1)
+        if self.cuda and self.cuda_env is not None:
+            gb_used = torch.cuda.max_memory_allocated() / 1024 / 1024 / 1024
+            torch.cuda.reset_peak_memory_stats()
+            metrics.log_scalar("gb_free", self.cuda_env.total_memory_in_GB - gb_used, priority=1500, round=1,
+                               weight=0)
+        # fairseq's _reduce_and_log_stats, without its finiteness check and its read of the smoothed values
+        metrics.log_speed("ups", 1.0, priority=100, round=2)
+        metrics.log_scalar("gnorm", grad_norm, priority=400, round=3)
+        clip_norm = self.cfg.optimization.clip_norm
+        if clip_norm > 0:
+            metrics.log_scalar("clip", torch.where(grad_norm > clip_norm, grad_norm.new_tensor(100),
+                                                   grad_norm.new_tensor(0)), priority=500, round=1)
+        self.task.reduce_metrics(logging_outputs, self.get_criterion())
+        metrics.log_stop_time("train_wall")
+        return {"sample_size": sample_size}  # fairseq-train only asks whether the update happened (not None)
+
+    def _note_skip(self, skipped):
+        """Queue the copy of this update's skip flag to the host, to be read one update later."""
+        if self._pending_skip is None:
+            self._pending_skip = (0, torch.zeros(1, pin_memory=True), torch.cuda.Event())
+        _, host, event = self._pending_skip
+        host.copy_(skipped, non_blocking=True)
+        event.record()
+        self._pending_skip = (self.get_num_updates() + 1, host, event)
+
+    def _raise_if_step_skipped(self):
+        if self._pending_skip is None or not self._pending_skip[0]:
+            return
+        update, host, event = self._pending_skip
+        event.synchronize()  # waits for that copy only, not for the work queued after it
+        if host.item():
+            raise FloatingPointError(f"gradients are Nan/Inf at update {update}: its step was skipped on the GPU "
+                                     "(xmlm-train checks one update late, without fairseq's NanDetector rerun)")
+        self._pending_skip = (0, host, event)
+
+    def save_checkpoint(self, filename, extra_state):
+        self._raise_if_step_skipped()
+        return super().save_checkpoint(filename, extra_state)
 
     def _aggregate_logging_outputs(self, logging_outputs, *extra_stats_to_sum, ignore=False):
         # In train_step (the model in training mode; valid_step evaluates) this follows the update's last backward:

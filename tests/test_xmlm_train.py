@@ -29,6 +29,32 @@ def test_one_process_logs_what_fairseq_train_logs(fake_english_data, tmp_path):
     assert len(stock) == 6 and ours == stock
 
 
+def test_update_without_host_reads_logs_what_fairseq_train_logs(fake_english_data, tmp_path):
+    """fp32 with xmlm_adamw on one process: xmlm-train's own train_step (no host read on a GPU) takes the same steps
+    and logs the same losses, gradient norms (clipped at 0.5, so the clip rate too), learning rates and batch sizes,
+    update for update, and saves a checkpoint; fp16 keeps fairseq's path."""
+    options = ("--task", "fake_english", "--criterion", "xmlm_masked_lm", "--optimizer", "xmlm_adamw",
+               "--clip-norm", "0.5", "--disable-validation")
+    stock, ours = (fairseq_train(fake_english_data, tmp_path / entry, *options, updates=6, entry=entry)
+                   for entry in ("fairseq-train", "xmlm-train"))
+    assert len(logged(stock)) == 6 and logged(ours) == logged(stock)
+    assert all("clip" in row for row in logged(ours))
+    assert (tmp_path / "xmlm-train" / "checkpoint_last.pt").is_file()
+
+
+def test_bf16_params_train_and_load_back_in_fp32(fake_english_data, tmp_path):
+    from fairseq_xmlm.checkpoints import load_checkpoint
+
+    log = fairseq_train(fake_english_data, tmp_path, "--task", "fake_english", "--criterion", "xmlm_masked_lm",
+                        "--optimizer", "xmlm_adamw", "--bf16-params", "--disable-validation", updates=4,
+                        entry="xmlm-train")
+    losses = [float(row["loss"]) for row in logged(log)]
+    assert len(losses) == 4 and all(0 < loss < 20 for loss in losses)
+    model, _, _ = load_checkpoint(tmp_path / "checkpoint_last.pt")  # fairseq saves low precision as fp32
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert all(torch.equal(p, p.bfloat16().float()) for p in model.parameters())  # trained as bf16 values
+
+
 def validation_losses(log):
     return re.findall(r"\| valid on 'valid' subset \| loss ([0-9.]+)", log)
 

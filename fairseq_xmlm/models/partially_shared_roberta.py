@@ -57,6 +57,11 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
     amp_bf16: bool = field(
         default=False, metadata={"help": "forward pass under bf16 autocast, fp32 weights (fairseq's --bf16 needs a TPU)"}
     )
+    bf16_params: bool = field(
+        default=False,
+        metadata={"help": "parameters and activations in bf16, as --fp16 keeps them in fp16 but with no loss scaling; "
+                          "needs --optimizer xmlm_adamw (fp32 master weights) and neither --fp16 nor --amp-bf16"},
+    )
     cudnn_attention: bool = field(
         default=False,
         metadata={"help": "attention through cuDNN's fused kernel first (flash / memory-efficient if it cannot): "
@@ -236,9 +241,11 @@ class PartiallySharedRoberta(BaseFairseqModel):
             raise XmlmError("--sep-emb needs a task with at least two languages")
         if cfg.sep_layers and num_langs < 2:
             raise XmlmError("--sep-layers needs a task with at least two languages")
+        if getattr(cfg, "bf16_params", False) and getattr(cfg, "amp_bf16", False):
+            raise XmlmError("--bf16-params and --amp-bf16 are two ways to train in bf16: choose one")
         vocab_masks = task.language_vocab_masks() if cfg.sep_emb else None
-        return cls(cfg, len(task.dictionary), task.dictionary.pad(), num_langs, task.lang_pos,
-                   vocab_masks)
+        model = cls(cfg, len(task.dictionary), task.dictionary.pad(), num_langs, task.lang_pos, vocab_masks)
+        return model.to(torch.bfloat16) if getattr(cfg, "bf16_params", False) else model
 
     def max_positions(self):
         return self.max_positions_per_lang
