@@ -62,7 +62,7 @@ def test_a_run_that_hangs_after_training_is_stopped_soon_after_and_counted(tmp_p
     bench = _common.Bench(str(tmp_path))
     bench.run_seconds = 50
     monkeypatch.setattr(_common, "train_command",
-                        lambda argv, updates, interval, launcher, module: [sys.executable, str(script)])
+                        lambda argv, updates, interval, launcher, module, seed: [sys.executable, str(script)])
     started = time.monotonic()
     result = bench.train("hangs", [], updates=2, interval=1)
     assert time.monotonic() - started < 20

@@ -166,13 +166,13 @@ class XmlmAdamW(FairseqOptimizer):
     @property
     def skips_on_device(self):
         """Whether `step_unless_nonfinite` decides on the GPU: the fused CUDA kernel reads a found_inf flag."""
-        return bool(self._optimizer.defaults.get("fused")) and self.params[0].is_cuda
+        return bool(self._optimizer.defaults.get("fused")) and next(iter(self.params)).is_cuda
 
     def step_unless_nonfinite(self, grad_norm):
         """The update's step, left out where `grad_norm` is not finite, without the host reading the norm: the fused
         kernel takes the flag as its `found_inf` input (the one torch's GradScaler gives it) and then leaves weights,
         moments and step count as they were. Needs `skips_on_device`. Returns the flag (1.0: skipped) on the GPU."""
-        skipped = torch.isfinite(grad_norm).logical_not().float().reshape(1)
+        skipped = torch.isfinite(grad_norm).logical_not().float().reshape(())  # the shape of the step counts
         self._optimizer.found_inf = skipped
         try:
             self.step()
