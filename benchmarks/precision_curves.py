@@ -17,13 +17,17 @@ logging every 10 updates:
 Prints, and writes to DIR/summary.json (with the curves), each run's mean logged loss over the last `--tail` updates and its mean
 absolute difference to fp32's curve over them, beside the seed-to-seed difference; DIR/curves.png draws the curves.
 A precision trains "the same curve within noise" when its difference to fp32 is no larger than the seeds' difference.
+`--reuse docs/results/precision_curves/summary.json` takes the runs measured there (the same command) instead of
+training them again, e.g. the 455 s of fp32.
 """
 import argparse
+import json
 import os
 
 import numpy as np
 
-from _common import BF16_PARAMS, FLAT_MASTER, XMLM_TRAIN, Bench, entry_module, log, parse_train_inner
+from _common import (BF16_PARAMS, FLAT_MASTER, XMLM_TRAIN, Bench, entry_module, log, parse_train_inner,
+                     train_command)
 
 FAST_KERNELS = ["--compile", "--compile-mode", "reduce-overhead", "--cudnn-attention"]
 RUNS = {  # name: (precision options, entry variant, seed)
@@ -49,6 +53,16 @@ def conneau_args(data):
 def curve(log_path):
     """{update: logged loss} of fairseq's train_inner lines (each the mean over its interval)."""
     return {int(row["num_updates"]): float(row["loss"]) for row in parse_train_inner(log_path)}
+
+
+def finished_runs(summary_path):
+    """{run: (its record, its curve)} of the runs that ended well in an earlier summary.json of this script."""
+    if not os.path.isfile(summary_path):
+        return {}
+    with open(summary_path, encoding="utf-8") as f:
+        summary = json.load(f)
+    return {name: (run, {int(u): v for u, v in summary["curves"][name].items()})
+            for name, run in summary.get("runs", {}).items() if run.get("rc") == 0 and summary["curves"].get(name)}
 
 
 def mean_abs_difference(a, b, first):
@@ -90,18 +104,26 @@ def main():
     parser.add_argument("--updates", type=int, default=2000)
     parser.add_argument("--tail", type=int, default=500, help="updates at the end that the comparison averages")
     parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument("--reuse", help="a summary.json of this script (default: DIR's own, when there is one): its "
+                        "finished runs of the same command are taken, not trained again")
     args = parser.parse_args()
     names = args.runs.split(",")
     unknown = sorted(set(names) - set(RUNS))
     if unknown or not os.path.isdir(args.data):
         raise SystemExit(f"error: unknown runs {unknown}" if unknown else f"error: no data directory {args.data}")
+    earlier = finished_runs(args.reuse or os.path.join(args.out, "summary.json"))
     bench = Bench(args.out)
     curves = {}
     for name in names:
         options, variant, seed = RUNS[name]
-        bench.train(name, conneau_args(args.data) + options, args.updates, 10, module=entry_module(variant),
-                    seed=seed)
-        curves[name] = curve(os.path.join(bench.logs, f"{name}.log"))
+        argv = conneau_args(args.data) + options
+        command = " ".join(train_command(argv, args.updates, 10, module=entry_module(variant), seed=seed)[1:])
+        if name in earlier and earlier[name][0]["cmd"] == command:
+            bench.results["runs"][name], curves[name] = earlier[name]
+            log(f"{name}: taken from the earlier summary")
+        else:
+            bench.train(name, argv, args.updates, 10, module=entry_module(variant), seed=seed)
+            curves[name] = curve(os.path.join(bench.logs, f"{name}.log"))
         bench.results["curves"] = curves
         bench.results["comparison"] = summarise(curves, args.updates, args.tail)
         bench.save()

@@ -117,6 +117,9 @@ def run_arguments(name):
     # conneau_ours_flat_master, ..._cudnn, ..._compile, ..._cudagraphs, ..._cudagraphs_cudnn
     runs.update({f"conneau_ours_{variant[len('fp16_'):]}": ours + extra
                  for variant, extra in g.single_variants().items() if variant.startswith("fp16_flat_master")})
+    # conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train: xmlm-train's update without host reads
+    runs.update({f"conneau_ours_{variant}": ours + extra
+                 for variant, extra in g.single_variants().items() if variant.startswith("bf16_params")})
     if name not in runs:
         raise SystemExit(f"profile_step: unknown run {name!r}; known: {', '.join(runs)}")
     return runs[name]
@@ -130,10 +133,15 @@ def profile_one(args):
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     name = args.one if world == 1 else f"{args.one}_{world}gpu_rank{rank}"
     profiler = StepProfiler(args.out, name, args.skip, args.steps, rank, args.trace)
-    trainer.Trainer.train_step = profiler.wrap(trainer.Trainer.train_step)
+    if _common.entry_module(args.one) == "fairseq_xmlm.train":  # xmlm-train: its trainer has a train_step of its own
+        from fairseq_xmlm import train as xmlm_train
+        owner, entry = xmlm_train.XmlmTrainer, xmlm_train.cli_main
+    else:
+        owner, entry = trainer.Trainer, train.cli_main
+    owner.train_step = profiler.wrap(owner.train_step)
     sys.argv = ["fairseq-train", *run_arguments(args.one), *_common.ddp_arguments(world), *args.train_args.split(),
                 "--max-update", str(args.skip + args.steps), "--no-save", "--disable-validation", "--seed", "1"]
-    train.cli_main()
+    entry()
 
 
 def main():

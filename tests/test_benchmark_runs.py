@@ -122,3 +122,23 @@ def test_xmlm_train_variants_run_xmlm_trains_module_with_the_same_arguments():
     command = _common.train_command(variants[name], 200, 50,
                                     module=_common.entry_module(name + _common.XMLM_TRAIN))
     assert command[1:3] == ["-m", "fairseq_xmlm.train"]
+
+
+def test_precision_curves_compare_with_fp32_and_reuse_finished_runs(tmp_path):
+    """precision_curves.py: the tail's mean loss and mean |difference| to fp32, the seed-to-seed yardstick, and an
+    earlier summary's finished runs (a failed one is trained again)."""
+    import json
+
+    import precision_curves
+
+    curves = {"fp32": {10: 9.0, 20: 8.0, 30: 7.0}, "bf16_params": {10: 9.1, 20: 8.2, 30: 7.0},
+              "bf16_params_seed2": {10: 9.0, 20: 8.5, 30: 7.5}}
+    summary = precision_curves.summarise(curves, updates=30, tail=20)
+    assert summary["fp32"]["tail_loss"] == 7.5
+    assert abs(summary["bf16_params"]["abs_diff_to_fp32"] - 0.1) < 1e-9
+    assert abs(summary["seed_to_seed_abs_diff"] - 0.4) < 1e-9
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"runs": {"fp32": {"rc": 0, "cmd": "a"}, "fp16": {"rc": 1, "cmd": "b"}},
+                                "curves": {"fp32": {"10": 9.0}, "fp16": {}}}))
+    assert precision_curves.finished_runs(path) == {"fp32": ({"rc": 0, "cmd": "a"}, {10: 9.0})}
+    assert precision_curves.finished_runs(tmp_path / "none.json") == {}
