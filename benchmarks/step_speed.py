@@ -1,6 +1,6 @@
 """How fast is one training run of ours on one GPU, against stock fairseq RoBERTa (tokens/s, updates/s, MFU)?
 
-    python3 benchmarks/step_speed.py --out DIR [--sections single,strategies]
+    python3 benchmarks/step_speed.py --out DIR [--sections single,strategies,rows]
 
 Every run is a real `python3 -m fairseq_cli.train` on the same card, one after another, with the same data and
 batch; tokens/s is fairseq's own `wps` (averaged over the logged intervals after the first, which holds start-up
@@ -14,6 +14,8 @@ and compilation) and updates/s its `ups`. Sections:
               Prints the ratio to stock --fp16 and the model FLOPs utilisation (MFU).
 - strategies: replacement-strategy cost vs plain masking: knn-replace (Fake-English, Bible, BERT-small) and
               within-language random words (Conneau config, Bible en-fr).
+- rows:       Conneau's Sep Emb, Sep L1-3, Sep L1-6 and Sep Emb + L1-6 against Default (Conneau config, the
+              synthetic data as two languages), each with its recipe options; prints each one's ratio to Default.
 
 Several GPUs: `ddp_scaling.py`; Dufter's packed runs: `packed_speed.py`. Logs go to DIR/logs/<run>.log, the
 figures to DIR/summary.json (rewritten after every run). Stopped by SIGTERM (`timeout`), the script stops its
@@ -22,6 +24,7 @@ fairseq-train run and everything that started, then exits.
 import argparse
 import json
 import os
+import shutil
 
 import torch
 
@@ -88,6 +91,33 @@ def section_strategies(b, fake_data, bible_data):
     b.train("bible_conneau_within", bible + ["--random-replace", "within"], u, 50, CONNEAU)
     b.ratio("bible_conneau_within / bible_conneau_cross", "bible_conneau_within", "bible_conneau_cross")
 
+def write_synthetic_pair(root):
+    """The synthetic data as two languages, en and a copy named fr, for the rows with language-specific parts."""
+    write_synthetic(root)
+    for split in ("train", "valid"):
+        for suffix in (".bin", ".idx"):
+            target = os.path.join(root, f"{split}.fr{suffix}")
+            if not os.path.exists(target):
+                shutil.copyfile(os.path.join(root, f"{split}.en{suffix}"), target)
+    return root
+
+
+def section_rows(b, synth):
+    """Conneau's parameter-sharing rows against Default, each with its recipe options (conneau.runs.SETTINGS:
+    --sep-emb, --sep-layers, within-language random words), on both languages' one-language streams, with our
+    variant BENCH_ROWS_VARIANT (default fp16_flat_master_cudagraphs_cudnn)."""
+    from fairseq_xmlm.experiments.conneau.runs import SETTINGS
+
+    u = int(os.environ.get("BENCH_UPDATES", "250"))
+    name = os.environ.get("BENCH_ROWS_VARIANT", "fp16_flat_master_cudagraphs_cudnn")
+    variant = single_variants()[name]
+    for row in ("default", "sep_emb", "sep_l1_3", "sep_l1_6", "sep_emb_l1_6"):
+        argv = ours_args(synth, CONNEAU, langs="en,fr") + variant + list(SETTINGS[row].train_args)
+        b.train(f"rows_{row}", argv, updates_for(argv, u), 50, CONNEAU, module=entry_module(name))
+        if row != "default":
+            b.ratio(f"rows_{row} / rows_default", f"rows_{row}", "rows_default")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
@@ -102,6 +132,8 @@ def main():
         section_single(b, write_synthetic(SYNTH_DIR))
     if "strategies" in sections:
         section_strategies(b, args.fake_data, args.bible_data)
+    if "rows" in sections:
+        section_rows(b, write_synthetic_pair(SYNTH_DIR))
     print(json.dumps(b.results, indent=1))
 
 
