@@ -300,12 +300,16 @@ def single_variants(user_dir="fairseq_xmlm"):
     with --compile in the default mode and in reduce-overhead (CUDA graphs), and CUDA graphs with cuDNN's attention;
     bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here); the
     CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`: its DDP ranks meet once per update); and the
-    same with bf16 parameters (`--bf16-params`: no loss scaler, so xmlm-train's update reads nothing on the host)."""
+    same with bf16 parameters (`--bf16-params`: no loss scaler, so xmlm-train's update reads nothing on the host),
+    also compiled in inductor's max-autotune mode."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
     flat = swap(FLAT_MASTER)
     fastest = flat + ["--compile", "--compile-mode", "reduce-overhead", "--cudnn-attention"]
+    # inductor's max-autotune: CUDA graphs as reduce-overhead, and its Triton kernels (LayerNorm with residual and
+    # dropout, GELU) and matrix products timed in several configurations before the run
+    autotuned = ["--compile", "--compile-mode", "max-autotune", "--cudnn-attention"]
     return {"fp16": swap(FAST), "fp16_flat_master": flat,
             "fp16_flat_master_cudnn": flat + ["--cudnn-attention"],
             "fp16_flat_master_compile": flat + ["--compile"],
@@ -313,7 +317,8 @@ def single_variants(user_dir="fairseq_xmlm"):
             "fp16_flat_master_cudagraphs_cudnn": fastest,
             "fp16_flat_master_cudagraphs_cudnn" + XMLM_TRAIN: fastest,
             "bf16": swap(OURS),
-            "bf16_params_cudagraphs_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + fastest[len(flat):]}
+            "bf16_params_cudagraphs_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + fastest[len(flat):],
+            "bf16_params_autotune_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + autotuned}
 
 
 def before_variants():
