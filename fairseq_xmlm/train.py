@@ -104,6 +104,7 @@ class XmlmTrainer(Trainer):
                 and not self.cfg.ema.store_ema and not self.cfg.optimization.use_bmuf
                 and isinstance(self.optimizer, XmlmAdamW))
 
+    @metrics.aggregate("train")  # as fairseq's, for callers other than fairseq-train's loop (which opens it too)
     def train_step(self, samples, raise_oom=False):
         """fairseq's train_step for one process (`reads_nothing_per_update`), less its host reads: the same forward and
         backward passes, gradient scaling, clipping, step and logged statistics."""

@@ -41,6 +41,7 @@ def test_update_without_host_reads_logs_what_fairseq_train_logs(fake_english_dat
                    for entry in ("fairseq-train", "xmlm-train"))
     assert len(logged(stock)) == 6 and logged(ours) == logged(stock)
     assert all("clip" in row for row in logged(ours))
+    assert epoch_statistics(ours) == epoch_statistics(stock) and "loss" in epoch_statistics(ours)
     assert (tmp_path / "xmlm-train" / "checkpoint_last.pt").is_file()
 
 
@@ -99,6 +100,14 @@ def test_bf16_params_train_and_load_back_in_fp32(fake_english_data, tmp_path):
     model, _, _ = load_checkpoint(tmp_path / "checkpoint_last.pt")  # fairseq saves low precision as fp32
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert all(torch.equal(p, p.bfloat16().float()) for p in model.parameters())  # trained as bf16 values
+
+
+def epoch_statistics(log):
+    """fairseq-train's end-of-epoch `train` line, without its timings."""
+    lines = [line for line in log.splitlines() if "| train |" in line]
+    assert len(lines) == 1
+    fields = dict(re.findall(r"\| (\w+) ([^|]+?) (?=\||$)", lines[0] + " "))
+    return {k: v for k, v in fields.items() if k not in TIMINGS}
 
 
 def validation_losses(log):
