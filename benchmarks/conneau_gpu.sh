@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The Conneau config's speed and precision figures of docs/performance.md on one GPU, one part after another:
+#   bash benchmarks/conneau_gpu.sh OUT [PARTS]
+# PARTS (comma-separated, default all): gpu-tests, speed (B: stock against our fastest variants), curves (the bf16
+# loss curves beside the fp32 and fp16 ones kept in docs/results/precision_curves), profile (where an update of the
+# bf16 path spends its time), rows (C: the Sep rows against Default). A part whose result is in OUT is skipped, so
+# the same command goes on where an interrupted one stopped. Needs the Default row's en-fr data for the curves:
+#   python -m fairseq_xmlm.experiments.conneau paper --pairs en-fr --rows default --prepare-only \
+#       --data-root data-bin/conneau
+set -euo pipefail
+out=${1:?usage: bash benchmarks/conneau_gpu.sh OUT [gpu-tests,speed,curves,profile,rows]}
+parts=${2:-gpu-tests,speed,curves,profile,rows}
+mkdir -p "$out"
+wanted() { [[ ",$parts," == *",$1,"* ]]; }
+fastest=fp16_flat_master_cudagraphs_cudnn,bf16_params_cudagraphs_cudnn_xmlm_train,bf16_params_autotune_cudnn_xmlm_train
+
+if wanted gpu-tests && [ ! -e "$out/gpu_tests.log" ]; then
+    TRITON_INTERPRET=0 python3 -m pytest -q tests/gpu -m gpu -p no:cacheprovider > "$out/gpu_tests.part" 2>&1 || true
+    mv "$out/gpu_tests.part" "$out/gpu_tests.log"
+    tail -n 1 "$out/gpu_tests.log"
+fi
+if wanted speed && [ ! -e "$out/speed/done" ]; then
+    BENCH_MODELS=conneau BENCH_UPDATES=250 BENCH_VARIANTS=$fastest \
+        python3 benchmarks/step_speed.py --out "$out/speed" --sections single > "$out/speed.log" 2>&1
+    touch "$out/speed/done"
+fi
+if wanted curves && [ ! -e "$out/curves/curves.png" ]; then
+    python3 benchmarks/precision_curves.py --data data-bin/conneau/en_fr_joint --out "$out/curves" \
+        --reuse docs/results/precision_curves/summary.json > "$out/curves.log" 2>&1
+fi
+if wanted profile && [ ! -e "$out/profile/conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train.json" ]; then
+    python3 benchmarks/profile_step.py --out "$out/profile" \
+        --runs conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train \
+        > "$out/profile.log" 2>&1
+fi
+if wanted rows && [ ! -e "$out/rows/done" ]; then
+    BENCH_UPDATES=250 BENCH_ROWS_VARIANT=bf16_params_cudagraphs_cudnn_xmlm_train \
+        python3 benchmarks/step_speed.py --out "$out/rows" --sections rows > "$out/rows.log" 2>&1
+    touch "$out/rows/done"
+fi
