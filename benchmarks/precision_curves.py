@@ -14,8 +14,9 @@ logging every 10 updates:
 - bf16_params: `--bf16-params` under xmlm-train (no loss scaler, no host read per update), CUDA graphs, cuDNN's
   attention; bf16_params_seed2 the same from seed 2: what two runs that differ only by their seed differ by.
 
-Prints, and writes to DIR/summary.json (with the curves), each run's mean logged loss over the last `--tail` updates and its mean
-absolute difference to fp32's curve over them, beside the seed-to-seed difference; DIR/curves.png draws the curves.
+Prints, and writes to DIR/summary.json (with the curves), each run's mean logged loss over the last `--tail` updates
+and its mean absolute difference to fp32's curve over them, beside the seed-to-seed difference; DIR/curves.png draws
+the curves.
 A precision trains "the same curve within noise" when its difference to fp32 is no larger than the seeds' difference.
 `--reuse docs/results/precision_curves/summary.json` takes the runs measured there (the same command) instead of
 training them again, e.g. the 455 s of fp32.

@@ -149,9 +149,8 @@ class XmlmTrainer(Trainer):
         metrics.log_speed("ups", 1.0, priority=100, round=2)
         metrics.log_scalar("gnorm", grad_norm, priority=400, round=3)
         clip_norm = self.cfg.optimization.clip_norm
-        if clip_norm > 0:
-            metrics.log_scalar("clip", torch.where(grad_norm > clip_norm, grad_norm.new_tensor(100),
-                                                   grad_norm.new_tensor(0)), priority=500, round=1)
+        if clip_norm > 0:  # in place of fairseq's torch.where of two new_tensor()s, each a copy from the host
+            metrics.log_scalar("clip", (grad_norm > clip_norm).to(grad_norm.dtype) * 100, priority=500, round=1)
         self.task.reduce_metrics(logging_outputs, self.get_criterion())
         metrics.log_stop_time("train_wall")
         return {"sample_size": sample_size}  # fairseq-train only asks whether the update happened (not None)

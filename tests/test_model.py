@@ -32,10 +32,10 @@ def make_task(lang_pos=False):
     return TwoLanguageTask(langs=("a", "b"), dictionary=dictionary, lang_pos=lang_pos)
 
 
-def make_model(sep_emb=False, sep_layers="", lang_pos=False, dropout=0.0):
+def make_model(sep_emb=False, sep_layers="", lang_pos=False, dropout=0.0, **options):
     cfg = PartiallySharedRobertaConfig(encoder_layers=LAYERS, encoder_embed_dim=D, encoder_ffn_embed_dim=FFN,
                                        encoder_attention_heads=2, dropout=dropout, attention_dropout=dropout,
-                                       sep_emb=sep_emb, sep_layers=sep_layers)
+                                       sep_emb=sep_emb, sep_layers=sep_layers, **options)
     torch.manual_seed(0)
     return PartiallySharedRoberta.build_model(cfg, make_task(lang_pos))
 
@@ -213,6 +213,15 @@ def test_position_slices_equal_position_lookups_with_their_gradients(lang_pos):
 def test_sep_layers_outside_the_model_are_refused(bad):
     with pytest.raises(XmlmError, match="sep-layers"):
         make_model(sep_layers=bad)
+
+
+def test_bf16_params_build_a_bf16_model_and_refuse_autocast_beside_them():
+    model = make_model(sep_emb=True, bf16_params=True)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.vocab_masks.dtype == torch.bool
+    assert model(*batch(0))[0].dtype == torch.bfloat16
+    with pytest.raises(XmlmError, match="choose one"):
+        make_model(bf16_params=True, amp_bf16=True)
 
 
 def test_language_parts_need_lang_ids():
