@@ -255,9 +255,12 @@ OURS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--amp-bf16",
 FAST = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--fp16", "--criterion", "xmlm_masked_lm"]
 # the same arithmetic, with xmlm_adamw's flat fp32 master weights in place of FP16Optimizer's per-parameter copies
 FLAT_MASTER = FAST + ["--memory-efficient-fp16"]
-# bf16 parameters with xmlm_adamw's flat fp32 master weights and no loss scaler: under xmlm-train, no host read
-BF16_PARAMS = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--bf16-params", "--criterion",
-               "xmlm_masked_lm"]
+# ours in fp32; with bf16 parameters, xmlm_adamw's flat fp32 master weights and no loss scaler (under xmlm-train, no
+# host read)
+XMLM_FP32 = ["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--criterion", "xmlm_masked_lm"]
+BF16_PARAMS = XMLM_FP32 + ["--bf16-params"]
+# CUDA graphs (each layer compiled in inductor's reduce-overhead mode) and cuDNN's attention: for one batch shape
+CUDA_GRAPHS_CUDNN = ["--compile", "--compile-mode", "reduce-overhead", "--cudnn-attention"]
 
 
 def stock_args(data, m):
@@ -306,7 +309,7 @@ def single_variants(user_dir="fairseq_xmlm"):
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
     flat = swap(FLAT_MASTER)
-    fastest = flat + ["--compile", "--compile-mode", "reduce-overhead", "--cudnn-attention"]
+    fastest = flat + CUDA_GRAPHS_CUDNN
     # inductor's max-autotune: CUDA graphs as reduce-overhead, and its Triton kernels (LayerNorm with residual and
     # dropout, GELU) and matrix products timed in several configurations before the run
     autotuned = ["--compile", "--compile-mode", "max-autotune", "--cudnn-attention"]
@@ -317,7 +320,7 @@ def single_variants(user_dir="fairseq_xmlm"):
             "fp16_flat_master_cudagraphs_cudnn": fastest,
             "fp16_flat_master_cudagraphs_cudnn" + XMLM_TRAIN: fastest,
             "bf16": swap(OURS),
-            "bf16_params_cudagraphs_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + fastest[len(flat):],
+            "bf16_params_cudagraphs_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + CUDA_GRAPHS_CUDNN,
             "bf16_params_autotune_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + autotuned}
 
 

@@ -169,13 +169,15 @@ class OperatorCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def build_trainer(cfg):
+def build_trainer(cfg, trainer_class=None):
+    """(fairseq's Trainer, or `trainer_class`, of `cfg`; its task with the train split loaded)."""
     from fairseq import tasks
     from fairseq.trainer import Trainer
 
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
-    return Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)), task
+    trainer_class = trainer_class or Trainer
+    return trainer_class(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)), task
 
 
 def measure_step(cfg, n_steps, profile):

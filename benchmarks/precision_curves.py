@@ -27,15 +27,14 @@ import os
 
 import numpy as np
 
-from _common import (BF16_PARAMS, FLAT_MASTER, XMLM_TRAIN, Bench, entry_module, log, parse_train_inner,
-                     train_command)
+from _common import (BF16_PARAMS, CUDA_GRAPHS_CUDNN, FLAT_MASTER, XMLM_FP32, XMLM_TRAIN, Bench, entry_module, log,
+                     parse_train_inner, train_command)
 
-FAST_KERNELS = ["--compile", "--compile-mode", "reduce-overhead", "--cudnn-attention"]
 RUNS = {  # name: (precision options, entry variant, seed)
-    "fp32": (["--user-dir", "fairseq_xmlm", "--optimizer", "xmlm_adamw", "--criterion", "xmlm_masked_lm"], "", 1),
-    "fp16": (FLAT_MASTER + FAST_KERNELS, "", 1),
-    "bf16_params": (BF16_PARAMS + FAST_KERNELS, XMLM_TRAIN, 1),
-    "bf16_params_seed2": (BF16_PARAMS + FAST_KERNELS, XMLM_TRAIN, 2),
+    "fp32": (XMLM_FP32, "", 1),
+    "fp16": (FLAT_MASTER + CUDA_GRAPHS_CUDNN, "", 1),
+    "bf16_params": (BF16_PARAMS + CUDA_GRAPHS_CUDNN, XMLM_TRAIN, 1),
+    "bf16_params_seed2": (BF16_PARAMS + CUDA_GRAPHS_CUDNN, XMLM_TRAIN, 2),
 }
 REFERENCE, NOISE = "fp32", ("bf16_params", "bf16_params_seed2")
 

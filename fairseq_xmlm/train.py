@@ -130,6 +130,7 @@ class XmlmTrainer(Trainer):
 
         self.optimizer.all_reduce_grads(self.model)  # one process: nothing to reduce, unless the model reduces
         self.optimizer.multiply_grads(1.0 / (sample_size or 1.0))
+        # fairseq's clipping, not this class's, which brings the norm to the host
         grad_norm = Trainer.clip_grad_norm(self, self.cfg.optimization.clip_norm)
         self._raise_if_step_skipped()  # the previous update's flag: long computed, the GPU has this update queued
         if self.optimizer.skips_on_device:

@@ -71,16 +71,16 @@ def fake_english_data(bible_dir, tmp_path_factory):
     return out
 
 
-def fairseq_train(data, save_dir, *extra, updates=8, batch_size=32, entry="fairseq-train"):
-    """A real `fairseq-train --user-dir fairseq_xmlm` run (or `entry`'s, e.g. xmlm-train) on the CPU; returns its
-    log."""
+def fairseq_train(data, save_dir, *extra, updates=8, batch_size=32, entry="fairseq-train", cpu=True):
+    """A real `fairseq-train --user-dir fairseq_xmlm` run (or `entry`'s, e.g. xmlm-train) on the CPU (cpu=False: the
+    GPU); returns its log."""
     command = [
         str(Path(sys.executable).parent / entry), str(data), "--user-dir", str(REPO / "fairseq_xmlm"),
         "--arch", "xmlm_bert_small", "--criterion", "masked_lm", "--optimizer", "adam", "--lr", "2e-3",
         "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "2",
         "--total-num-update", str(updates), "--batch-size", str(batch_size), "--max-update", str(updates),
-        "--save-dir", str(save_dir), "--cpu", "--num-workers", "0", "--log-format", "simple", "--log-interval", "1",
-        "--max-valid-steps", "2", "--no-epoch-checkpoints", "--seed", "1", *extra,
+        "--save-dir", str(save_dir), *(["--cpu"] if cpu else []), "--num-workers", "0", "--log-format", "simple",
+        "--log-interval", "1", "--max-valid-steps", "2", "--no-epoch-checkpoints", "--seed", "1", *extra,
     ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

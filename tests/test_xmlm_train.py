@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conftest import REPO, fairseq_train
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from fairseq_xmlm.train import XmlmTrainer, check_consistent_grad_norms, sum_over_ranks
 from test_distributed import train_inner_fields, train_two_ranks
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import host_cost  # noqa: E402
 
 TIMINGS = {"wps", "ups", "wall", "train_wall", "gb_free"}  # what differs from run to run
 
@@ -45,37 +46,21 @@ def test_update_without_host_reads_logs_what_fairseq_train_logs(fake_english_dat
     assert (tmp_path / "xmlm-train" / "checkpoint_last.pt").is_file()
 
 
-class HostReads(TorchDispatchMode):
-    """Counts the operators that make the host read a tensor's value (on a GPU: wait for it)."""
-
-    def __init__(self):
-        super().__init__()
-        self.reads = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.reads += str(func.overloadpacket) in ("aten._local_scalar_dense", "aten.is_nonzero")
-        return func(*args, **(kwargs or {}))
-
-
 def host_reads_per_update(trainer_class, data):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
+    """Operators that make the host read a tensor's value (on a GPU: wait for it) per update, counted by
+    benchmarks/host_cost.py's instrument."""
     argv = [str(data), "--user-dir", str(REPO / "fairseq_xmlm"), "--task", "fake_english", "--arch",
             "xmlm_bert_small", "--criterion", "xmlm_masked_lm", "--optimizer", "xmlm_adamw", "--bf16-params",
             "--lr", "1e-3", "--batch-size", "8", "--cpu", "--clip-norm", "1.0"]
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
-    task = tasks.setup_task(cfg.task)
-    task.load_dataset("train")
-    trainer = trainer_class(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    trainer, task = host_cost.build_trainer(host_cost.parse(argv), trainer_class)
     batches = task.get_batch_iterator(task.datasets["train"], max_sentences=8, seed=1).next_epoch_itr(shuffle=True)
     samples = [next(batches) for _ in range(4)]  # the data loader's own reads are of host tensors: not counted
     trainer.train_step(samples[:1])  # builds the optimizer
-    counter = HostReads()
+    counter = host_cost.OperatorCount()
     with counter:
         for sample in samples[1:]:
             trainer.train_step([sample])
-    return counter.reads / 3
+    return sum(counter.syncs.values()) / 3
 
 
 def test_update_without_host_reads_reads_only_what_a_gpu_does_inside_the_fused_step(fake_english_data):
