@@ -4,7 +4,8 @@
 # PARTS (comma-separated, default all): gpu-tests, speed (B: stock against our fastest variants), curves (the bf16
 # loss curves beside the fp32 and fp16 ones kept in docs/results/precision_curves), profile (where an update of the
 # bf16 path spends its time), rows (C: the Sep rows against Default). A part whose result is in OUT is skipped, so
-# the same command goes on where an interrupted one stopped. Needs the Default row's en-fr data for the curves:
+# the same command goes on where an interrupted one stopped; a part that fails says so and the next one runs.
+# Needs the Default row's en-fr data for the curves:
 #   python -m fairseq_xmlm.experiments.conneau paper --pairs en-fr --rows default --prepare-only \
 #       --data-root data-bin/conneau
 set -euo pipefail
@@ -21,20 +22,20 @@ if wanted gpu-tests && [ ! -e "$out/gpu_tests.log" ]; then
 fi
 if wanted speed && [ ! -e "$out/speed/done" ]; then
     BENCH_MODELS=conneau BENCH_UPDATES=250 BENCH_VARIANTS=$fastest \
-        python3 benchmarks/step_speed.py --out "$out/speed" --sections single > "$out/speed.log" 2>&1
-    touch "$out/speed/done"
+        python3 benchmarks/step_speed.py --out "$out/speed" --sections single > "$out/speed.log" 2>&1 \
+        && touch "$out/speed/done" || echo "speed failed: $out/speed.log"
 fi
 if wanted curves && [ ! -e "$out/curves/curves.png" ]; then
     python3 benchmarks/precision_curves.py --data data-bin/conneau/en_fr_joint --out "$out/curves" \
-        --reuse docs/results/precision_curves/summary.json > "$out/curves.log" 2>&1
+        --reuse docs/results/precision_curves/summary.json > "$out/curves.log" 2>&1 || echo "curves failed: $out/curves.log"
 fi
 if wanted profile && [ ! -e "$out/profile/conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train.json" ]; then
     python3 benchmarks/profile_step.py --out "$out/profile" \
         --runs conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train \
-        > "$out/profile.log" 2>&1
+        > "$out/profile.log" 2>&1 || echo "profile failed: $out/profile.log"
 fi
 if wanted rows && [ ! -e "$out/rows/done" ]; then
     BENCH_UPDATES=250 BENCH_ROWS_VARIANT=bf16_params_cudagraphs_cudnn_xmlm_train \
-        python3 benchmarks/step_speed.py --out "$out/rows" --sections rows > "$out/rows.log" 2>&1
-    touch "$out/rows/done"
+        python3 benchmarks/step_speed.py --out "$out/rows" --sections rows > "$out/rows.log" 2>&1 \
+        && touch "$out/rows/done" || echo "rows failed: $out/rows.log"
 fi
