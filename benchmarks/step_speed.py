@@ -105,13 +105,18 @@ def write_synthetic_pair(root):
 def section_rows(b, synth):
     """Conneau's parameter-sharing rows against Default, each with its recipe options (conneau.runs.SETTINGS:
     --sep-emb, --sep-layers, within-language random words), on both languages' one-language streams, with our
-    variant BENCH_ROWS_VARIANT (default fp16_flat_master_cudagraphs_cudnn)."""
+    variant BENCH_ROWS_VARIANT (default fp16_flat_master_cudagraphs_cudnn); BENCH_ROWS picks rows (default all; Default
+    always runs, as every ratio's denominator)."""
     from fairseq_xmlm.experiments.conneau.runs import SETTINGS
 
     u = int(os.environ.get("BENCH_UPDATES", "250"))
     name = os.environ.get("BENCH_ROWS_VARIANT", "fp16_flat_master_cudagraphs_cudnn")
     variant = single_variants()[name]
-    for row in ("default", "sep_emb", "sep_l1_3", "sep_l1_6", "sep_emb_l1_6"):
+    rows = ("default", "sep_emb", "sep_l1_3", "sep_l1_6", "sep_emb_l1_6")
+    wanted = os.environ.get("BENCH_ROWS", ",".join(rows)).split(",")
+    if set(wanted) - set(rows):
+        raise SystemExit(f"step_speed: unknown rows {sorted(set(wanted) - set(rows))}; BENCH_ROWS may hold {rows}")
+    for row in (r for r in rows if r == "default" or r in wanted):
         argv = ours_args(synth, CONNEAU, langs="en,fr") + variant + list(SETTINGS[row].train_args)
         b.train(f"rows_{row}", argv, updates_for(argv, u), 50, CONNEAU, module=entry_module(name))
         if row != "default":
