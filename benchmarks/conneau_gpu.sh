@@ -8,6 +8,8 @@
 # Needs the Default row's en-fr data for the curves:
 #   python -m fairseq_xmlm.experiments.conneau paper --pairs en-fr --rows default --prepare-only \
 #       --data-root data-bin/conneau
+# The GPU tests read the test Bibles from $XMLM_CACHE/tests/bible-<key> (a machine with no network cannot fetch
+# them: copy that folder from a machine whose test suite has run, and set XMLM_CACHE).
 set -euo pipefail
 out=${1:?usage: bash benchmarks/conneau_gpu.sh OUT [gpu-tests,speed,curves,profile,rows]}
 parts=${2:-gpu-tests,speed,curves,profile,rows}
@@ -27,7 +29,8 @@ if wanted speed && [ ! -e "$out/speed/done" ]; then
 fi
 if wanted curves && [ ! -e "$out/curves/curves.png" ]; then
     python3 benchmarks/precision_curves.py --data data-bin/conneau/en_fr_joint --out "$out/curves" \
-        --reuse docs/results/precision_curves/summary.json > "$out/curves.log" 2>&1 || echo "curves failed: $out/curves.log"
+        --reuse docs/results/precision_curves/summary.json > "$out/curves.log" 2>&1 \
+        || echo "curves failed: $out/curves.log"
 fi
 if wanted profile && [ ! -e "$out/profile/conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train.json" ]; then
     python3 benchmarks/profile_step.py --out "$out/profile" \
