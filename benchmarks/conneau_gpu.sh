@@ -5,6 +5,8 @@
 # loss curves beside the fp32 and fp16 ones kept in docs/results/precision_curves), profile (where an update of the
 # bf16 path spends its time), rows (C: the Sep rows against Default). A part whose result is in OUT is skipped, so
 # the same command goes on where an interrupted one stopped; a part that fails says so and the next one runs.
+# BENCH_VARIANTS picks the speed part's variants of ours (default: the three below), BENCH_ROWS the rows beside
+# Default.
 # Needs the Default row's en-fr data for the curves:
 #   python -m fairseq_xmlm.experiments.conneau paper --pairs en-fr --rows default --prepare-only \
 #       --data-root data-bin/conneau
@@ -15,7 +17,7 @@ out=${1:?usage: bash benchmarks/conneau_gpu.sh OUT [gpu-tests,speed,curves,profi
 parts=${2:-gpu-tests,speed,curves,profile,rows}
 mkdir -p "$out"
 wanted() { [[ ",$parts," == *",$1,"* ]]; }
-fastest=fp16_flat_master_cudagraphs_cudnn,bf16_params_cudagraphs_cudnn_xmlm_train,bf16_params_autotune_cudnn_xmlm_train
+fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,bf16_params_cudagraphs_cudnn_xmlm_train,bf16_params_autotune_cudnn_xmlm_train}
 
 if wanted gpu-tests && [ ! -e "$out/gpu_tests.log" ]; then
     TRITON_INTERPRET=0 python3 -m pytest -q tests/gpu -m gpu -p no:cacheprovider > "$out/gpu_tests.part" 2>&1 || true
