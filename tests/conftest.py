@@ -71,11 +71,16 @@ def fake_english_data(bible_dir, tmp_path_factory):
     return out
 
 
+# The entry points' modules: run as `python -m`, they need no console script (a GPU machine may have fairseq on
+# its path without one).
+ENTRY_MODULES = {"fairseq-train": "fairseq_cli.train", "xmlm-train": "fairseq_xmlm.train"}
+
+
 def fairseq_train(data, save_dir, *extra, updates=8, batch_size=32, entry="fairseq-train", cpu=True):
     """A real `fairseq-train --user-dir fairseq_xmlm` run (or `entry`'s, e.g. xmlm-train) on the CPU (cpu=False: the
     GPU); returns its log."""
     command = [
-        str(Path(sys.executable).parent / entry), str(data), "--user-dir", str(REPO / "fairseq_xmlm"),
+        sys.executable, "-m", ENTRY_MODULES[entry], str(data), "--user-dir", str(REPO / "fairseq_xmlm"),
         "--arch", "xmlm_bert_small", "--criterion", "masked_lm", "--optimizer", "adam", "--lr", "2e-3",
         "--adam-eps", "1e-6", "--weight-decay", "0.01", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "2",
         "--total-num-update", str(updates), "--batch-size", str(batch_size), "--max-update", str(updates),
@@ -119,7 +124,7 @@ def en_fr_checkpoint(bible_dir, tmp_path_factory):
                  train_books="Leviticus,Judges,Job,Micah,Acts,Galatians", valid_books="Ruth,Joel,Titus",
                  test_books="Ecclesiastes,Jonah,Ezra,2 Peter,Jude")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([str(Path(sys.executable).parent / "fairseq-train"), str(root / "data"), "--user-dir",
+    subprocess.run([sys.executable, "-m", ENTRY_MODULES["fairseq-train"], str(root / "data"), "--user-dir",
                     "fairseq_xmlm", "--task", "bilingual_mlm", "--langs", "en,fr", "--arch", "xmlm_bert_small",
                     "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
                     "--encoder-attention-heads", "2", "--sep-emb", "--sep-layers", "1-1",
