@@ -304,7 +304,7 @@ def single_variants(user_dir="fairseq_xmlm"):
     bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here); the
     CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`: its DDP ranks meet once per update); and the
     same with bf16 parameters (`--bf16-params`: no loss scaler, so xmlm-train's update reads nothing on the host),
-    also compiled in inductor's max-autotune mode."""
+    also compiled in inductor's max-autotune mode, and with our dropout + LayerNorm kernels (`--fused-dropout-norm`)."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
@@ -321,7 +321,9 @@ def single_variants(user_dir="fairseq_xmlm"):
             "fp16_flat_master_cudagraphs_cudnn" + XMLM_TRAIN: fastest,
             "bf16": swap(OURS),
             "bf16_params_cudagraphs_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + CUDA_GRAPHS_CUDNN,
-            "bf16_params_autotune_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + autotuned}
+            "bf16_params_autotune_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + autotuned,
+            "bf16_params_fused_norm_cudagraphs_cudnn" + XMLM_TRAIN:
+                swap(BF16_PARAMS) + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm"]}
 
 
 def before_variants():

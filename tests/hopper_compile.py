@@ -1,21 +1,39 @@
-"""Compiles the stacked encoder's attention kernels (`packed.attention_kernels`) for a Hopper GPU (sm_90) with
-Triton's own ptxas, no GPU needed: what CI can check of the GPU's side (`test_short_attention.py` runs this in a
-process without Triton's interpreter). Prints each kernel and its shared memory; fails on any compile error."""
+"""Compiles our Triton kernels for a Hopper GPU (sm_90) with Triton's own ptxas, no GPU needed: the stacked
+encoder's attention (`packed.attention_kernels`) and the residual step's dropout + LayerNorm
+(`models.dropout_norm`). What CI can check of the GPU's side (`test_short_attention.py` runs this in a process
+without Triton's interpreter). Prints each kernel and its shared memory; fails on any compile error."""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from fairseq_xmlm.models import dropout_norm
 from fairseq_xmlm.packed import attention_kernels
 
-TYPES = {"qkv": "*bf16", "bias": "*bf16", "out": "*bf16", "grad_out": "*bf16", "grad_qkv": "*bf16", "code": "*i8",
-         "seed_at": "*i64", "lse": "*fp32", "kept": "*i32", "scale": "fp32", "rescale": "fp32"}  # the rest: i32
+POINTERS = {"code": "*i8", "seed_at": "*i64", "lse": "*fp32", "kept": "*i32", "mean": "*fp32", "rstd": "*fp32",
+            "partial_bias": "*fp32", "partial_weight": "*fp32", "partial_norm_bias": "*fp32"}  # the rest: *bf16
+NUMBERS = {"scale": "fp32", "rescale": "fp32", "eps": "fp32"}  # the rest: i32
 
+
+def compile_for_hopper(kernel, constants, warps, pointers):
+    signature = {name: "constexpr" if name in constants else NUMBERS.get(name, "i32") for name in kernel.arg_names}
+    signature.update({name: POINTERS.get(name, "*bf16") for name in pointers if name in signature})
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = " ".join(f"{name}={value}" for name, value in constants.items() if name in ("BLOCK", "TURNS"))
+    print(f"{kernel.__name__} {options}: sm_90, {compiled.metadata.shared} bytes of shared memory")
+
+
+ATTENTION_POINTERS = ("qkv", "bias", "out", "grad_out", "grad_qkv", "code", "seed_at", "lse", "kept")
 for kernel in (attention_kernels._attention_forward_kernel, attention_kernels._attention_backward_kernel):
     for block in (64, 128):  # rows of up to 64 tokens, and one sentence of up to 128
-        constants = {"BLOCK": block, "HEAD": 64, "DROPOUT": True, "PRECISION": "tf32"}
-        signature = {name: "constexpr" if name in constants else TYPES.get(name, "i32") for name in kernel.arg_names}
-        source = ASTSource(fn=kernel, signature=signature,
-                           constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4 if block <= 64 else 8})
-        print(f"{kernel.__name__} BLOCK={block}: sm_90, {compiled.metadata.shared} bytes of shared memory")
+        compile_for_hopper(kernel, {"BLOCK": block, "HEAD": 64, "DROPOUT": True, "PRECISION": "tf32"},
+                           4 if block <= 64 else 8, ATTENTION_POINTERS)
+
+NORM_POINTERS = ("x", "bias", "residual", "weight", "norm_bias", "seed_at", "out", "summed", "mean", "rstd",
+                 "grad_out", "grad_x", "grad_residual", "partial_bias", "partial_weight", "partial_norm_bias")
+norm = {"BLOCK": 1024, "DROPOUT": True}  # the Conneau config's 768 wide rows
+compile_for_hopper(dropout_norm._forward_kernel, dict(norm, ROWS=dropout_norm.FORWARD_ROWS),
+                   dropout_norm.FORWARD_WARPS, NORM_POINTERS)
+compile_for_hopper(dropout_norm._backward_kernel, dict(norm, ROWS=dropout_norm.BACKWARD_ROWS, TURNS=12),
+                   dropout_norm.BACKWARD_WARPS, NORM_POINTERS)

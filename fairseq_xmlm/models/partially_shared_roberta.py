@@ -25,6 +25,7 @@ from fairseq.models import BaseFairseqModel, register_model, register_model_arch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.models.dropout_norm import dropout_add_layer_norm
 from fairseq_xmlm.precision import bf16_autocast
 
 
@@ -61,6 +62,12 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
         default=False,
         metadata={"help": "parameters and activations in bf16, as --fp16 keeps them in fp16 but with no loss scaling; "
                           "needs --optimizer xmlm_adamw (fp32 master weights) and neither --fp16 nor --amp-bf16"},
+    )
+    fused_dropout_norm: bool = field(
+        default=False,
+        metadata={"help": "each layer's LayerNorm(residual + dropout(x + bias)) in one Triton kernel of ours forward "
+                          "and one backward, on a GPU (models/dropout_norm.py): inductor's own draws dropout with one "
+                          "Philox call a value, which bounds its kernel"},
     )
     cudnn_attention: bool = field(
         default=False,
@@ -113,6 +120,10 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, keep):
         """x (B, T, D); keep (B, 1, 1, T) bool, True for real (non-pad) keys."""
+        return self.out(self.attend(x, keep))
+
+    def attend(self, x, keep):
+        """The heads' outputs side by side (B, T, D), before the output product."""
         b, t, d = x.shape
         # Three products with slices of the fused weight, not one product split afterwards: the attention kernel
         # then returns each gradient in the layout its product needs, where the split's backward stacks and
@@ -123,7 +134,7 @@ class SelfAttention(nn.Module):
         with sdpa_kernel(CUDNN_FIRST, set_priority=True) if self.cudnn else nullcontext():
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
                                                dropout_p=self.dropout if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
+        return y.transpose(1, 2).reshape(b, t, d)
 
 
 class TransformerLayer(nn.Module):
@@ -142,11 +153,20 @@ class TransformerLayer(nn.Module):
         self.activation = F.gelu if cfg.activation_fn == "gelu" else F.relu
         self.dropout = nn.Dropout(cfg.dropout)
         self.activation_dropout = nn.Dropout(getattr(cfg, "activation_dropout", 0.0))
+        self.fused_dropout_norm = getattr(cfg, "fused_dropout_norm", False)
 
     def forward(self, x, keep):
-        x = self.attention_norm(x + self.dropout(self.attention(x, keep)))
+        x = self.add_and_norm(self.attention.attend(x, keep), self.attention.out, x, self.attention_norm)
         hidden = self.activation_dropout(self.activation(self.ffn_in(x)))
-        return self.ffn_norm(x + self.dropout(self.ffn_out(hidden)))
+        return self.add_and_norm(hidden, self.ffn_out, x, self.ffn_norm)
+
+    def add_and_norm(self, branch, product, residual, norm):
+        """norm(residual + dropout(product(branch))): in our kernels with `--fused-dropout-norm` on a GPU (the
+        product's bias added there), where the branch and the residual are of one type (not under autocast)."""
+        if self.fused_dropout_norm and residual.is_cuda and branch.dtype == residual.dtype:
+            return dropout_add_layer_norm(F.linear(branch, product.weight), product.bias, residual, norm,
+                                          self.dropout.p if self.training else 0.0)
+        return norm(residual + self.dropout(product(branch)))
 
 
 def route_by_language(modules, lang_ids, num_langs, *inputs, batch_lang=None):

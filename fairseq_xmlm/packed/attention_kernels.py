@@ -8,11 +8,11 @@ H200, commit 39cf41d against 63af558 on the same machine). One program loads its
 mask from a byte per token, and keeps the whole score matrix in registers; backward recomputes the scores from q, k
 and the saved log-sum-exp, and writes dq, dk and dv without atomics, since no other program touches its row.
 
-Attention dropout draws from Philox (`tl.randint4x`) with a seed that the caller draws with torch, so CUDA graphs
-replay new draws; forward keeps the draws as bits for backward. q, k and v come as the fused (tokens, 3 * dim)
-output of one product without bias, and their gradient goes back in that layout: no split, no gather. The kernels
-add each model's bias as they load q, k and v (its gradient is the sum of theirs), so the product needs no pass of
-its own for it.
+Attention dropout draws from Philox, eight draws a call (`dropout_draws`), with a seed that the caller draws with
+torch, so CUDA graphs replay new draws; forward keeps the draws as bits for backward. q, k and v come as the
+fused (tokens, 3 * dim) output of one product without bias, and their gradient goes back in that layout: no split,
+no gather. The kernels add each model's bias as they load q, k and v (its gradient is the sum of theirs), so the
+product needs no pass of its own for it.
 
 `tests/test_short_attention.py` runs the kernels in Triton's interpreter (TRITON_INTERPRET=1) on the CPU against
 `torch.nn.functional.scaled_dot_product_attention`; `tests/gpu/test_stacked_equal.py` runs them compiled on a GPU.
@@ -26,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
+from fairseq_xmlm.dropout_draws import draw_threshold, keep_draws
+
 LONGEST_ROW = 128  # tokens: Dufter's models have 128 positions
 WORDS = LONGEST_ROW // 32  # int32 words of dropout bits a query
-DRAW_VALUES = 2 ** 16  # dropout's draws are 16-bit: the rate is rounded to a multiple of 1 / 65536
 _WORDS = tl.constexpr(WORDS)
 # inductor's caches know a custom op by its name, not by its Python code (pytorch issue 144344): with the same name,
 # an edited backward met graphs compiled for the old one. The ops' names carry this file's hash.
@@ -71,17 +72,6 @@ def _scores(qkv, bias, code, row, head, span, dim, tokens_per_model, scale, BLOC
 
 
 @triton.jit
-def _dropout_keep(seed, program, threshold, BLOCK: tl.constexpr):
-    """Which probabilities survive dropout: 16-bit draws >= `threshold`, eight from one Philox call (one call a
-    probability, `tl.rand`, took most of the kernels' time)."""
-    query = tl.arange(0, BLOCK)[:, None]
-    eighth = tl.arange(0, BLOCK // 8)[None, :]
-    r0, r1, r2, r3 = tl.randint4x(seed, program * (BLOCK * BLOCK // 8) + query * (BLOCK // 8) + eighth)
-    words = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (BLOCK, BLOCK // 2))
-    return tl.reshape(tl.join(words & 0xFFFF, (words >> 16) & 0xFFFF), (BLOCK, BLOCK)) >= threshold
-
-
-@triton.jit
 def _kept_at(kept, program, span, BLOCK: tl.constexpr):
     """Where a program's dropout bits go: WORDS int32 words a query, BLOCK / 32 of them used."""
     token = tl.arange(0, BLOCK)
@@ -106,7 +96,7 @@ def _attention_forward_kernel(qkv, bias, code, seed_at, out, lse, kept, span, he
     p = p / total[:, None]
     if DROPOUT:
         # backward reads the draws as bits (4 KB a 128-token row) instead of drawing them again
-        keep = _dropout_keep(tl.load(seed_at), program, threshold, BLOCK)
+        keep = keep_draws(tl.load(seed_at), program * (BLOCK * BLOCK // 8), threshold, BLOCK, BLOCK)
         bits = tl.reshape(keep.to(tl.int32), (BLOCK, BLOCK // 32, 32)) << tl.arange(0, 32)[None, None, :]
         tl.store(_kept_at(kept, program, span, BLOCK), tl.sum(bits, 2), mask=inside[:, None])
         p = tl.where(keep, p * rescale, 0.0)
@@ -159,12 +149,6 @@ def _geometry(qkv, code, heads, dropout):
     return (rows * heads,), (span, heads, dim, qkv.size(-2), 1 / math.sqrt(dim // heads)), options
 
 
-def _draws(dropout):
-    """Dropout's threshold on the 16-bit draws, and the scale that keeps the kept probabilities' expectation."""
-    threshold = round(dropout * DRAW_VALUES)
-    return threshold, DRAW_VALUES / (DRAW_VALUES - threshold)
-
-
 def _kept_size(code, heads, dropout):
     return code.numel() * heads * WORDS if dropout > 0 else 0
 
@@ -176,7 +160,8 @@ def _attention(qkv: torch.Tensor, bias: torch.Tensor, code: torch.Tensor, seed: 
     lse = torch.empty(code.numel() * heads, device=qkv.device, dtype=torch.float32)
     kept = torch.empty(_kept_size(code, heads, dropout), device=qkv.device, dtype=torch.int32)
     grid, shared, options = _geometry(qkv, code, heads, dropout)
-    _attention_forward_kernel[grid](qkv, bias, code, seed, out, lse, kept, *shared, *_draws(dropout), **options)
+    _attention_forward_kernel[grid](qkv, bias, code, seed, out, lse, kept, *shared, *draw_threshold(dropout),
+                                    **options)
     return out, lse, kept
 
 
@@ -194,7 +179,7 @@ def _attention_backward(grad_out: torch.Tensor, qkv: torch.Tensor, bias: torch.T
     grad_qkv = torch.empty_like(qkv)
     grid, shared, options = _geometry(qkv, code, heads, dropout)
     _attention_backward_kernel[grid](qkv, bias, code, out, lse, kept, grad_out.contiguous(), grad_qkv, *shared,
-                                     _draws(dropout)[1], **options)
+                                     draw_threshold(dropout)[1], **options)
     return grad_qkv
 
 
