@@ -10,7 +10,8 @@ from fairseq_xmlm.models import dropout_norm
 from fairseq_xmlm.packed import attention_kernels
 
 POINTERS = {"code": "*i8", "seed_at": "*i64", "lse": "*fp32", "kept": "*i32", "mean": "*fp32", "rstd": "*fp32",
-            "partial_bias": "*fp32", "partial_weight": "*fp32", "partial_norm_bias": "*fp32"}  # the rest: *bf16
+            "partial_bias": "*fp32", "partial_weight": "*fp32", "partial_norm_bias": "*fp32",
+            "partials": "*fp32"}  # the rest: *bf16
 NUMBERS = {"scale": "fp32", "rescale": "fp32", "eps": "fp32"}  # the rest: i32
 
 
@@ -20,7 +21,7 @@ def compile_for_hopper(kernel, constants, warps, pointers):
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    options = " ".join(f"{name}={value}" for name, value in constants.items() if name in ("BLOCK", "TURNS"))
+    options = " ".join(f"{name}={value}" for name, value in constants.items() if name in ("BLOCK", "TURNS", "PROGRAMS"))
     print(f"{kernel.__name__} {options}: sm_90, {compiled.metadata.shared} bytes of shared memory")
 
 
@@ -37,3 +38,5 @@ compile_for_hopper(dropout_norm._forward_kernel, dict(norm, ROWS=dropout_norm.FO
                    dropout_norm.FORWARD_WARPS, NORM_POINTERS)
 compile_for_hopper(dropout_norm._backward_kernel, dict(norm, ROWS=dropout_norm.BACKWARD_ROWS, TURNS=12),
                    dropout_norm.BACKWARD_WARPS, NORM_POINTERS)
+compile_for_hopper(dropout_norm._sum_partials_kernel, {"PROGRAMS": 512, "COLUMNS": dropout_norm.SUM_COLUMNS}, 4,
+                   ("partials", "grad_bias", "grad_weight", "grad_norm_bias"))

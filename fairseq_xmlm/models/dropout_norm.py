@@ -9,7 +9,8 @@ to a Philox call (`dropout_draws`).
 Forward writes the output, the sum before the norm (rounded to the input's type, as eager keeps it for LayerNorm's
 backward) and each row's mean and 1 / std. Backward draws the mask again from the same seed (an eighth of a Philox
 call a value) instead of storing it, and in one pass over the rows returns the gradients of x, the residual, the
-product's bias and the norm's weight and bias (those three as per-program partial sums, added up after).
+product's bias and the norm's weight and bias (those three as per-program partial sums, added up by a small kernel
+after).
 
 The arithmetic is fp32 whatever the tensors' type. Eager rounds x + bias, then the dropped value, then the sum, to
 bf16 one after another; here only the sum is rounded, so bf16 results differ from eager's by about one rounding.
@@ -28,7 +29,9 @@ from fairseq_xmlm.dropout_draws import draw_threshold, keep_draws
 
 # forward: rows a program; backward: programs per multiprocessor, each looping over blocks of rows
 FORWARD_ROWS, FORWARD_WARPS = 4, 4
-BACKWARD_ROWS, BACKWARD_WARPS, BACKWARD_PROGRAMS_PER_SM = 4, 4, 4
+# (the fastest of dropout_norm_speed.py's tilings at the Conneau config on an H200)
+BACKWARD_ROWS, BACKWARD_WARPS, BACKWARD_PROGRAMS_PER_SM = 4, 8, 2
+SUM_COLUMNS = 32  # columns a program of the partial sums' kernel
 # inductor's caches know a custom op by its name, not its code (pytorch issue 144344): the name carries this file's
 # hash, so that an edited kernel never meets graphs compiled for the old one
 _VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
@@ -107,6 +110,25 @@ def _backward_kernel(grad_out, summed, weight, mean, rstd, seed_at, grad_x, grad
     tl.store(partial_norm_bias + program * dim + col, tl.sum(sum_norm_bias, 0), mask=col < dim)
 
 
+@triton.jit
+def _sum_partials_kernel(partials, grad_bias, grad_weight, grad_norm_bias, programs, dim, PROGRAMS: tl.constexpr,
+                         COLUMNS: tl.constexpr):
+    """The three parameters' gradients, each the sum of the backward programs' partial sums (3, programs, dim), in
+    the parameters' type: one small kernel where torch took three sums and three casts."""
+    which = tl.program_id(0)
+    col = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
+    program = tl.arange(0, PROGRAMS)
+    inside = (program < programs)[:, None] & (col < dim)[None, :]
+    total = tl.sum(tl.load(partials + (which * programs + program)[:, None] * dim + col[None, :], mask=inside,
+                           other=0.0), 0)
+    if which == 0:
+        tl.store(grad_bias + col, total.to(grad_bias.dtype.element_ty), mask=col < dim)
+    elif which == 1:
+        tl.store(grad_weight + col, total.to(grad_weight.dtype.element_ty), mask=col < dim)
+    else:
+        tl.store(grad_norm_bias + col, total.to(grad_norm_bias.dtype.element_ty), mask=col < dim)
+
+
 def _block(dim):
     """Columns a program holds: the row's width rounded up to a power of 2, at least 8 (a Philox call's draws)."""
     return max(8, triton.next_power_of_2(dim))
@@ -132,8 +154,8 @@ def _programs(device, blocks):
 
 def launch_backward(grad_out, summed, weight, mean, rstd, seed, dropout, rows_per_program=BACKWARD_ROWS,
                     warps=BACKWARD_WARPS):
-    """The backward kernel: (grad x, grad residual, grad bias, grad weight, grad norm bias), each parameter's in
-    fp32."""
+    """The backward kernel: (grad x, grad residual, grad bias, grad weight, grad norm bias), the parameters' in the
+    norm weight's type."""
     rows, dim = summed.shape
     grad_x, grad_residual = torch.empty_like(summed), torch.empty_like(summed)
     blocks = triton.cdiv(rows, rows_per_program)
@@ -143,7 +165,10 @@ def launch_backward(grad_out, summed, weight, mean, rstd, seed, dropout, rows_pe
         grad_out, summed, weight, mean, rstd, seed, grad_x, grad_residual, partials[0], partials[1], partials[2], rows,
         programs, dim, *draw_threshold(dropout), TURNS=triton.cdiv(blocks, programs), ROWS=rows_per_program,
         BLOCK=_block(dim), DROPOUT=dropout > 0, num_warps=warps)
-    grad_bias, grad_weight, grad_norm_bias = (partial.sum(0) for partial in partials)
+    grad_bias, grad_weight, grad_norm_bias = (weight.new_empty(dim) for _ in range(3))
+    _sum_partials_kernel[(3, triton.cdiv(dim, SUM_COLUMNS))](
+        partials, grad_bias, grad_weight, grad_norm_bias, programs, dim, PROGRAMS=triton.next_power_of_2(programs),
+        COLUMNS=SUM_COLUMNS)
     return grad_x, grad_residual, grad_bias, grad_weight, grad_norm_bias
 
 
@@ -170,9 +195,7 @@ def _dropout_add_layer_norm_backward(grad_out: torch.Tensor, summed: torch.Tenso
 
 @_dropout_add_layer_norm_backward.register_fake
 def _(grad_out, summed, weight, mean, rstd, seed, dropout):
-    column = summed.new_empty(summed.size(1), dtype=torch.float32)
-    return (torch.empty_like(summed), torch.empty_like(summed), column, torch.empty_like(column),
-            torch.empty_like(column))
+    return (torch.empty_like(summed), torch.empty_like(summed), *(weight.new_empty(summed.size(1)) for _ in range(3)))
 
 
 def _save(ctx, inputs, output):
