@@ -17,7 +17,9 @@ out=${1:?usage: bash benchmarks/conneau_gpu.sh OUT [gpu-tests,speed,curves,profi
 parts=${2:-gpu-tests,speed,curves,profile,rows}
 mkdir -p "$out"
 wanted() { [[ ",$parts," == *",$1,"* ]]; }
-fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,bf16_params_cudagraphs_cudnn_xmlm_train,bf16_params_autotune_cudnn_xmlm_train}
+bf16=bf16_params_cudagraphs_cudnn_xmlm_train
+fused=bf16_params_fused_norm_cudagraphs_cudnn_xmlm_train  # --bf16-params --fused-dropout-norm: the fastest
+fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,$bf16,$fused}
 
 if wanted gpu-tests && [ ! -e "$out/gpu_tests.log" ]; then
     TRITON_INTERPRET=0 python3 -m pytest -q tests/gpu -m gpu -p no:cacheprovider > "$out/gpu_tests.part" 2>&1 || true
@@ -34,13 +36,13 @@ if wanted curves && [ ! -e "$out/curves/curves.png" ]; then
         --reuse docs/results/precision_curves/summary.json > "$out/curves.log" 2>&1 \
         || echo "curves failed: $out/curves.log"
 fi
-if wanted profile && [ ! -e "$out/profile/conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train.json" ]; then
+if wanted profile && [ ! -e "$out/profile/conneau_ours_$fused.json" ]; then
     python3 benchmarks/profile_step.py --out "$out/profile" \
-        --runs conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_bf16_params_cudagraphs_cudnn_xmlm_train \
+        --runs conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_$bf16,conneau_ours_$fused \
         > "$out/profile.log" 2>&1 || echo "profile failed: $out/profile.log"
 fi
 if wanted rows && [ ! -e "$out/rows/done" ]; then
-    BENCH_UPDATES=250 BENCH_ROWS_VARIANT=bf16_params_cudagraphs_cudnn_xmlm_train \
+    BENCH_UPDATES=250 BENCH_ROWS_VARIANT=$fused \
         python3 benchmarks/step_speed.py --out "$out/rows" --sections rows > "$out/rows.log" 2>&1 \
         && touch "$out/rows/done" || echo "rows failed: $out/rows.log"
 fi

@@ -8,8 +8,10 @@ At the Conneau config's size (96 x 256 tokens of 768, bf16, dropout 0.1), timed 
 calls after a warm-up:
 - forward, and forward + backward, of the chain compiled by inductor (default mode), with dropout 0.1 and without
   (what its draws cost);
-- our forward kernel and our backward kernel alone, in several tilings (rows a program, warps; and for backward
-  programs per multiprocessor), the module's defaults marked;
+- our forward kernel and our backward (its kernel and the partial sums' kernel) alone, in several tilings (rows a
+  program, warps; and for backward programs per multiprocessor), the module's defaults marked. Each call launches
+  from Python: the backward's two launches and allocations take longer on the host than its kernels on an H200
+  (100-135 us a call here against 67 us in a training step's profile), so its rows time the host;
 - the memory traffic each needs (bytes read and written) over its time, against the card's bandwidth.
 Prints a table; writes DIR/dropout_norm_speed.json. Not a test.
 """

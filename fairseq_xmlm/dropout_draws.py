@@ -1,11 +1,10 @@
 """Dropout's random draws inside Triton kernels: 16-bit draws, eight from one Philox call.
 
-`tl.rand` runs a whole Philox call (ten rounds of 32-bit multiplies) for every value it returns, and in a kernel
-that otherwise only loads, adds and stores, that arithmetic is the bound: it took most of the stacked encoder's
-attention kernels' time (`packed.attention_kernels`), and inductor's compiled LayerNorm with dropout, which draws
-that way, took 124 us a call at the Conneau config (24,576 x 768 bf16) for about 150 MB of memory traffic, some
-40 us at the card's bandwidth (`models.dropout_norm`). `tl.randint4x` returns four 32-bit words a call: as 16-bit
-halves, eight draws.
+`tl.rand` runs a whole Philox call (ten rounds of 32-bit multiplies) for every value it returns. In a kernel that
+otherwise only loads, adds and stores, that arithmetic costs: it took most of the stacked encoder's attention
+kernels' time (`packed.attention_kernels`), and 25 of the 75 us of inductor's compiled dropout + residual +
+LayerNorm forward at the Conneau config (24,576 x 768 bf16, one H200, no autograd: `benchmarks/dropout_norm_speed.py`).
+`tl.randint4x` returns four 32-bit words a call: as 16-bit halves, eight draws.
 
 A value survives where its draw is >= round(p * 65536): the rate is rounded to a multiple of 1 / 65536 (0.1 becomes
 0.100006), and the survivors are scaled by 65536 / (65536 - threshold), which keeps their expectation exact.

@@ -1,10 +1,13 @@
 """`models.dropout_norm`'s kernels, LayerNorm(residual + dropout(x + bias)), run by Triton's interpreter on the CPU
 (conftest sets TRITON_INTERPRET=1) against the same chain in eager PyTorch."""
+from argparse import Namespace
+
 import pytest
 import torch
 import torch.nn as nn
 
 from fairseq_xmlm.models.dropout_norm import _dropout_add_layer_norm, dropout_add_layer_norm, launch_backward
+from fairseq_xmlm.models.partially_shared_roberta import TransformerLayer
 
 
 def inputs(rows, dim, seed=0):
@@ -93,3 +96,19 @@ def test_compiled_equals_eager():
     eager, = torch.autograd.grad(loss(x), x)
     compiled, = torch.autograd.grad(torch.compile(loss, fullgraph=True)(x), x)
     assert torch.allclose(compiled, eager, atol=1e-6), (compiled - eager).abs().max()
+
+
+def test_the_flag_on_the_cpu_keeps_the_eager_layer():
+    """`--fused-dropout-norm` asks for the kernels on a GPU only: on the CPU the layer is the eager one, dropout's
+    draws included."""
+    cfg = Namespace(encoder_embed_dim=32, encoder_attention_heads=4, encoder_ffn_embed_dim=64, activation_fn="gelu",
+                    dropout=0.1, attention_dropout=0.1, activation_dropout=0.0, fused_dropout_norm=False)
+    plain = TransformerLayer(cfg)
+    fused = TransformerLayer(Namespace(**{**vars(cfg), "fused_dropout_norm": True}))
+    fused.load_state_dict(plain.state_dict())
+    x, keep = torch.randn(2, 5, 32), torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    outputs = []
+    for layer in (plain, fused):
+        torch.manual_seed(0)
+        outputs.append(layer(x, keep))
+    assert torch.equal(*outputs)

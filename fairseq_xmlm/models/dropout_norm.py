@@ -2,15 +2,14 @@
 and one backward (`--fused-dropout-norm`).
 
 x is a product's output before its bias. Compiled, inductor fuses the same chain into one kernel a call, but draws
-dropout with `tl.rand`, one Philox call a value: at the Conneau config (24,576 tokens x 768, bf16, one H200) that
-kernel took 124 us a call, 16 calls an update, where its memory traffic needs some 40 us. Here the draws are eight
-to a Philox call (`dropout_draws`).
+dropout with `tl.rand`, one Philox call a value, and writes the mask for backward: at the Conneau config (24,576
+tokens x 768, bf16, one H200, training) its kernel took 124 us a call, 16 calls an update; this forward takes 45 us.
+Here the draws are eight to a Philox call (`dropout_draws`), and backward draws them again instead of reading a mask.
 
 Forward writes the output, the sum before the norm (rounded to the input's type, as eager keeps it for LayerNorm's
-backward) and each row's mean and 1 / std. Backward draws the mask again from the same seed (an eighth of a Philox
-call a value) instead of storing it, and in one pass over the rows returns the gradients of x, the residual, the
-product's bias and the norm's weight and bias (those three as per-program partial sums, added up by a small kernel
-after).
+backward) and each row's mean and 1 / std. Backward, in one pass over the rows, returns the gradients of x, the
+residual, the product's bias and the norm's weight and bias (those three as per-program partial sums, added up by
+a small kernel after).
 
 The arithmetic is fp32 whatever the tensors' type. Eager rounds x + bias, then the dropped value, then the sum, to
 bf16 one after another; here only the sum is rounded, so bf16 results differ from eager's by about one rounding.
@@ -27,9 +26,11 @@ import triton.language as tl
 
 from fairseq_xmlm.dropout_draws import draw_threshold, keep_draws
 
-# forward: rows a program; backward: programs per multiprocessor, each looping over blocks of rows
+# forward: rows a program (the fastest of `benchmarks/dropout_norm_speed.py`'s tilings at the Conneau config on an
+# H200, 45 us); backward: programs per multiprocessor, each looping over blocks of rows (that script's backward
+# timings are bound by the host's launches and did not tell the tilings apart; in the training step's profile this
+# one takes 67 us a call)
 FORWARD_ROWS, FORWARD_WARPS = 4, 4
-# (the fastest of dropout_norm_speed.py's tilings at the Conneau config on an H200)
 BACKWARD_ROWS, BACKWARD_WARPS, BACKWARD_PROGRAMS_PER_SM = 4, 8, 2
 SUM_COLUMNS = 32  # columns a program of the partial sums' kernel
 # inductor's caches know a custom op by its name, not its code (pytorch issue 144344): the name carries this file's

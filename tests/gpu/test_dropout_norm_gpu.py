@@ -1,9 +1,10 @@
 """`--fused-dropout-norm` on a GPU: our dropout + residual + LayerNorm kernels (`models.dropout_norm`) compiled by
 Triton, alone and inside a compiled layer replayed as a CUDA graph, against eager PyTorch in fp32."""
+from argparse import Namespace
+
 import pytest
 import torch
 import torch.nn as nn
-from argparse import Namespace
 
 from fairseq_xmlm.models.dropout_norm import _dropout_add_layer_norm, dropout_add_layer_norm
 from fairseq_xmlm.models.partially_shared_roberta import TransformerLayer
