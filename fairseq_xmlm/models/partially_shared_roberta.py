@@ -66,8 +66,8 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
     fused_dropout_norm: bool = field(
         default=False,
         metadata={"help": "each layer's LayerNorm(residual + dropout(x + bias)) in one Triton kernel of ours forward "
-                          "and one backward, on a GPU (models/dropout_norm.py): inductor's own draws dropout with one "
-                          "Philox call a value, which bounds its kernel"},
+                          "and one backward, on a GPU (models/dropout_norm.py): eight dropout draws a Philox call "
+                          "where inductor's kernel makes one, and no mask kept for backward"},
     )
     cudnn_attention: bool = field(
         default=False,
