@@ -1,6 +1,6 @@
 """Compiles our Triton kernels for a Hopper GPU (sm_90) with Triton's own ptxas, no GPU needed: the stacked
 encoder's attention (`packed.attention_kernels`) and the residual step's dropout + LayerNorm
-(`models.dropout_norm`). What CI can check of the GPU's side (`test_short_attention.py` runs this in a process
+(`models.dropout_norm`). What CI can check of the GPU's side (`test_kernels_compile.py` runs this in a process
 without Triton's interpreter). Prints each kernel and its shared memory; fails on any compile error."""
 import triton
 from triton.backends.compiler import GPUTarget
