@@ -355,6 +355,21 @@ def recipe_commands(ids, seeds, data, out, updates, knn_table, first_seed=0, mul
             for run_id in ids for seed in SEEDS[first_seed:first_seed + seeds]]
 
 
+def cuda_ms(function, repeats, warmup=3):
+    """GPU milliseconds a call of `function()`: CUDA events around `repeats` calls, after `warmup` calls and a wait for
+    them."""
+    for _ in range(warmup):
+        function()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        function()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
 def synchronise(device):
     """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
     if device.type == "cuda":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from _common import cuda_ms
 from fairseq_xmlm.packed.attention_kernels import short_attention
 from fairseq_xmlm.packed.stacked import attention_code, sdpa_attention
 
@@ -55,15 +56,8 @@ def difference(qkv, bias, code, heads, function):
 
 def time_ms(qkv, bias, code, heads, function, dropout, repeats):
     grad = torch.randn(qkv.shape[:-1] + (qkv.size(-1) // 3,), device="cuda", dtype=qkv.dtype)
-    for _ in range(3):
-        torch.autograd.grad(function(qkv, bias, code, heads, dropout), (qkv, bias), grad)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        torch.autograd.grad(function(qkv, bias, code, heads, dropout), (qkv, bias), grad)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
+    return cuda_ms(lambda: torch.autograd.grad(function(qkv, bias, code, heads, dropout), (qkv, bias), grad),
+                   repeats)
 
 
 def main():

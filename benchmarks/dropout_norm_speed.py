@@ -23,22 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from _common import cuda_ms
 from fairseq_xmlm.models import dropout_norm
 
 ROWS, DIM, DROPOUT = 96 * 256, 768, 0.1
-
-
-def time_ms(function, repeats):
-    for _ in range(3):
-        function()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(repeats):
-        function()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def chain(x, bias, residual, weight, norm_bias, dropout):
@@ -55,8 +43,8 @@ def inductor_rows(tensors, grad, repeats):
 
         def both():
             torch.autograd.grad(compiled(*tensors, dropout), tensors, grad)
-        rows[f"inductor dropout {dropout}"] = {"forward_ms": time_ms(forward, repeats),
-                                              "forward_backward_ms": time_ms(both, repeats)}
+        rows[f"inductor dropout {dropout}"] = {"forward_ms": cuda_ms(forward, repeats),
+                                              "forward_backward_ms": cuda_ms(both, repeats)}
     return rows
 
 
@@ -68,26 +56,23 @@ def our_rows(tensors, grad, repeats, bytes_per_value):
     for per_program in (1, 2, 4, 8):
         for warps in (2, 4, 8):
             default = (per_program, warps) == (dropout_norm.FORWARD_ROWS, dropout_norm.FORWARD_WARPS)
-            ms = time_ms(lambda: dropout_norm.launch_forward(x, bias, residual, weight, norm_bias, seed, DROPOUT,
+            ms = cuda_ms(lambda: dropout_norm.launch_forward(x, bias, residual, weight, norm_bias, seed, DROPOUT,
                                                              1e-5, per_program, warps), repeats)
             # reads x and the residual, writes the output and the sum
             rows[f"ours forward rows={per_program} warps={warps}" + (" (default)" if default else "")] = {
                 "forward_ms": ms, "tb_per_s": 4 * ROWS * DIM * bytes_per_value / ms / 1e9}
     _, summed, mean, rstd = saved
-    default_programs = dropout_norm.BACKWARD_PROGRAMS_PER_SM
     for per_program in (2, 4, 8):
         for warps in (4, 8):
             for programs in (2, 4, 8):
                 default = (per_program, warps, programs) == (dropout_norm.BACKWARD_ROWS, dropout_norm.BACKWARD_WARPS,
-                                                            default_programs)
-                dropout_norm.BACKWARD_PROGRAMS_PER_SM = programs
-                ms = time_ms(lambda: dropout_norm.launch_backward(grad, summed, weight, mean, rstd, seed, DROPOUT,
-                                                                  per_program, warps), repeats)
+                                                            dropout_norm.BACKWARD_PROGRAMS_PER_SM)
+                ms = cuda_ms(lambda: dropout_norm.launch_backward(grad, summed, weight, mean, rstd, seed, DROPOUT,
+                                                                  per_program, warps, programs), repeats)
                 # reads the output's gradient and the sum, writes the gradients of x and of the residual
                 name = f"ours backward rows={per_program} warps={warps} programs/SM={programs}"
                 rows[name + (" (default)" if default else "")] = {
                     "backward_ms": ms, "tb_per_s": 4 * ROWS * DIM * bytes_per_value / ms / 1e9}
-    dropout_norm.BACKWARD_PROGRAMS_PER_SM = default_programs
     return rows
 
 

@@ -43,9 +43,8 @@ def test_without_dropout_it_equals_eager(rows, dim):
 def kept_values(rows, dim, dropout, seed):
     """The kernel's keep mask times its scale, read off the sum before the norm: x = 1, bias and residual 0."""
     zeros = torch.zeros(dim)
-    summed = _dropout_add_layer_norm(torch.ones(rows, dim), zeros, torch.zeros(rows, dim), torch.ones(dim), zeros,
-                                     torch.tensor([seed]), dropout, 1e-5)[1]
-    return summed
+    return _dropout_add_layer_norm(torch.ones(rows, dim), zeros, torch.zeros(rows, dim), torch.ones(dim), zeros,
+                                   torch.tensor([seed]), dropout, 1e-5)[1]
 
 
 def test_dropout_draws_once_for_forward_and_backward():

@@ -148,19 +148,19 @@ def launch_forward(x, bias, residual, weight, norm_bias, seed, dropout, eps, row
     return out, summed, mean, rstd
 
 
-def _programs(device, blocks):
+def _programs(device, blocks, per_sm):
     per_device = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(blocks, per_device * BACKWARD_PROGRAMS_PER_SM))
+    return max(1, min(blocks, per_device * per_sm))
 
 
 def launch_backward(grad_out, summed, weight, mean, rstd, seed, dropout, rows_per_program=BACKWARD_ROWS,
-                    warps=BACKWARD_WARPS):
+                    warps=BACKWARD_WARPS, programs_per_sm=BACKWARD_PROGRAMS_PER_SM):
     """The backward kernel: (grad x, grad residual, grad bias, grad weight, grad norm bias), the parameters' in the
     norm weight's type."""
     rows, dim = summed.shape
     grad_x, grad_residual = torch.empty_like(summed), torch.empty_like(summed)
     blocks = triton.cdiv(rows, rows_per_program)
-    programs = _programs(summed.device, blocks)
+    programs = _programs(summed.device, blocks, programs_per_sm)
     partials = torch.empty(3, programs, dim, device=summed.device, dtype=torch.float32)
     _backward_kernel[(programs,)](
         grad_out, summed, weight, mean, rstd, seed, grad_x, grad_residual, partials[0], partials[1], partials[2], rows,
