@@ -304,7 +304,9 @@ def single_variants(user_dir="fairseq_xmlm"):
     bf16 (`--amp-bf16`: autocast re-casts every weight and activation each step, slower than --fp16 here); the
     CUDA graphs with cuDNN's attention under xmlm-train (`XMLM_TRAIN`: its DDP ranks meet once per update); and the
     same with bf16 parameters (`--bf16-params`: no loss scaler, so xmlm-train's update reads nothing on the host),
-    also compiled in inductor's max-autotune mode, and with our dropout + LayerNorm kernels (`--fused-dropout-norm`)."""
+    also compiled in inductor's max-autotune mode, and with our dropout + LayerNorm kernels (`--fused-dropout-norm`),
+    then also our AdamW kernel (`--fused-master-step`), then also the encoder as one CUDA graph (`--compile-scope
+    encoder`)."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
@@ -313,6 +315,7 @@ def single_variants(user_dir="fairseq_xmlm"):
     # inductor's max-autotune: CUDA graphs as reduce-overhead, and its Triton kernels (LayerNorm with residual and
     # dropout, GELU) and matrix products timed in several configurations before the run
     autotuned = ["--compile", "--compile-mode", "max-autotune", "--cudnn-attention"]
+    fused_norm = swap(BF16_PARAMS) + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm"]
     return {"fp16": swap(FAST), "fp16_flat_master": flat,
             "fp16_flat_master_cudnn": flat + ["--cudnn-attention"],
             "fp16_flat_master_compile": flat + ["--compile"],
@@ -322,8 +325,10 @@ def single_variants(user_dir="fairseq_xmlm"):
             "bf16": swap(OURS),
             "bf16_params_cudagraphs_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + CUDA_GRAPHS_CUDNN,
             "bf16_params_autotune_cudnn" + XMLM_TRAIN: swap(BF16_PARAMS) + autotuned,
-            "bf16_params_fused_norm_cudagraphs_cudnn" + XMLM_TRAIN:
-                swap(BF16_PARAMS) + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm"]}
+            "bf16_params_fused_norm_cudagraphs_cudnn" + XMLM_TRAIN: fused_norm,
+            "bf16_params_fused_norm_step_cudagraphs_cudnn" + XMLM_TRAIN: fused_norm + ["--fused-master-step"],
+            "bf16_params_fused_norm_step_encoder_graph_cudnn" + XMLM_TRAIN:
+                fused_norm + ["--fused-master-step", "--compile-scope", "encoder"]}
 
 
 def before_variants():

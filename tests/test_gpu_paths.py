@@ -26,6 +26,7 @@ from fairseq_xmlm.models.partially_shared_roberta import (
     PartiallySharedRobertaConfig,
     lookup_by_language,
     route_by_language,
+    run_layers,
 )
 from fairseq_xmlm.optim.xmlm_adamw import XmlmAdamWConfig, parse_betas
 from fairseq_xmlm.packed.processes import Job, run_jobs
@@ -60,9 +61,9 @@ def inputs():
     return tokens, torch.tensor([0, 1, 1, 0])
 
 
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compiled_layers_give_the_plain_outputs_and_gradients_in_fp32(mode):
-    plain, compiled = make_model(), make_model(compile=True, compile_mode=mode)
+@pytest.mark.parametrize("mode, scope", [("default", "layer"), ("reduce-overhead", "layer"), ("default", "encoder")])
+def test_compiled_layers_give_the_plain_outputs_and_gradients_in_fp32(mode, scope):
+    plain, compiled = make_model(), make_model(compile=True, compile_mode=mode, compile_scope=scope)
     compiled.load_state_dict(plain.state_dict())
     tokens, langs = inputs()
     outputs = []
@@ -72,6 +73,7 @@ def test_compiled_layers_give_the_plain_outputs_and_gradients_in_fp32(mode):
         outputs.append((logits, model.layers[0][0].ffn_in.weight.grad))
     torch.testing.assert_close(outputs[1][0], outputs[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outputs[1][1], outputs[0][1], rtol=1e-4, atol=1e-6)
+    assert (compiled.run_layers is run_layers) == (scope == "layer")  # the encoder's layers compiled as one
 
 
 def test_amp_bf16_runs_matrix_work_in_bf16_and_keeps_fp32_weights_and_gradients():

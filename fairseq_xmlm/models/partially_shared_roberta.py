@@ -49,6 +49,12 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
         default="", metadata={"help": "1-based range of bottom layers copied per language, e.g. 1-3"}
     )
     compile: bool = field(default=False, metadata={"help": "torch.compile each Transformer layer"})
+    compile_scope: ChoiceEnum(["layer", "encoder"]) = field(
+        default="layer",
+        metadata={"help": "what --compile compiles as one graph: each Transformer layer, or all of them (encoder: "
+                          "under reduce-overhead one CUDA graph forward and one backward, where the layers' own "
+                          "graphs leave the GPU waiting for the host between them; longer to compile)"},
+    )
     compile_mode: ChoiceEnum(["default", "reduce-overhead", "max-autotune"]) = field(
         default="default",
         metadata={"help": "torch.compile mode of --compile; reduce-overhead replays each layer as a CUDA graph (no "
@@ -189,6 +195,15 @@ def route_by_language(modules, lang_ids, num_langs, *inputs, batch_lang=None):
     return out
 
 
+def run_layers(layers, x, keep, lang_ids, batch_lang):
+    """Each layer's output, the input `x` going up through `layers` (a list of per-language copies each)."""
+    states = []
+    for copies in layers:
+        x = route_by_language(copies, lang_ids, len(copies), x, keep, batch_lang=batch_lang)
+        states.append(x)
+    return states
+
+
 def lookup_by_language(tables, lang_ids, ids):
     """Row b of the result is tables[lang_ids[b]](ids[b]).
 
@@ -237,7 +252,10 @@ class PartiallySharedRoberta(BaseFairseqModel):
         self.register_buffer("vocab_masks", vocab_masks if cfg.sep_emb else None)
         self.apply(self._init_weights)
         avoid_cudnn_attention()
-        if cfg.compile:
+        self.run_layers = run_layers
+        if cfg.compile and getattr(cfg, "compile_scope", "layer") == "encoder":
+            self.run_layers = torch.compile(run_layers, mode=getattr(cfg, "compile_mode", "default"))
+        elif cfg.compile:
             for layer_copies in self.layers:
                 for layer in layer_copies:
                     layer.compile(mode=getattr(cfg, "compile_mode", "default"))
@@ -327,12 +345,7 @@ class PartiallySharedRoberta(BaseFairseqModel):
         if keep is not None and has_padding is None and src_tokens.is_cuda and bool(keep.all()):
             keep = None
         x = self.embed(src_tokens, lang_ids)
-        states = [x]
-        x = self.dropout(x)
-        for copies in self.layers[:last_layer]:
-            x = route_by_language(copies, lang_ids, len(copies), x, keep, batch_lang=batch_lang)
-            states.append(x)
-        return states
+        return [x] + self.run_layers(self.layers[:last_layer], self.dropout(x), keep, lang_ids, batch_lang)
 
     def output_logits(self, features, lang_of_row, batch_lang=None):
         """features (N, D) -> logits (N, V), each row through its language's tied output embedding."""

@@ -13,6 +13,10 @@ config its ~220 copy calls per update were where the GPU waited for the host: pr
 Under `--ddp-backend legacy_ddp` (or `no_c10d`) with those flat master weights, the gradients are averaged over the
 data-parallel ranks as that one flat low-precision buffer, in a single all-reduce, in place of the wrapper's
 parameter-by-parameter copies into and out of its bucket.
+
+`--fused-master-step` (with those flat master weights) takes the update's gradient factors (1 / sample size, the
+clipping, a loss scale) into one Triton kernel of ours with AdamW and the low-precision copy of the weights
+(`optim/master_step.py`), and makes the parameters views of that copy.
 """
 import ast
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.optim.master_step import fused_adamw_step
 
 
 @dataclass
@@ -34,6 +39,12 @@ class XmlmAdamWConfig(FairseqDataclass):
     adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for AdamW"})
     weight_decay: float = field(default=0.0, metadata={"help": "decoupled weight decay"})
     fused: bool = field(default=True, metadata={"help": "one fused CUDA kernel per step when parameters are on GPU"})
+    fused_master_step: bool = field(
+        default=False,
+        metadata={"help": "with low-precision parameters (--bf16-params, --memory-efficient-fp16): gradient scaling, "
+                          "AdamW on the fp32 master weights and their low-precision copy in one Triton kernel of ours "
+                          "(optim/master_step.py); the parameters become views of that copy"},
+    )
     lr: List[float] = II("optimization.lr")
 
 
@@ -58,17 +69,26 @@ def build_adamw(params, lr, betas, eps, weight_decay, fused):
 
 
 class FlatMasterWeights:
-    """fp32 master copy of low-precision parameters as one flat tensor, with a flat fp32 gradient."""
+    """fp32 master copy of low-precision parameters as one flat tensor, with a flat fp32 gradient.
 
-    def __init__(self, params):
+    `parameters_as_views` (the fused master step): the parameters' storage becomes the flat low-precision weights,
+    which the step writes directly, and the gradient stays in low precision (no fp32 copy of it is made)."""
+
+    def __init__(self, params, parameters_as_views=False):
         self.params = params
+        self.parameters_as_views = parameters_as_views
         with torch.no_grad():
             self.master = torch.cat([p.reshape(-1).float() for p in params])
-        self.master.grad = torch.zeros_like(self.master)
+        self.master.grad = None if parameters_as_views else torch.zeros_like(self.master)
         self.low_precision_grad = torch.empty_like(self.master, dtype=params[0].dtype)
         self.low_precision_weights = torch.empty_like(self.low_precision_grad)
         sizes = [p.numel() for p in params]
         self.weight_views = [v.view_as(p) for v, p in zip(self.low_precision_weights.split(sizes), params)]
+        if parameters_as_views:
+            with torch.no_grad():
+                torch._foreach_copy_(self.weight_views, params)
+            for p, view in zip(params, self.weight_views):
+                p.data = view
         self.gathered = False
 
     def gather_gradients(self, process_group=None):
@@ -82,7 +102,8 @@ class FlatMasterWeights:
             if process_group is not None:
                 self.low_precision_grad.div_(distributed_utils.get_world_size(process_group))
                 distributed_utils.all_reduce(self.low_precision_grad, process_group)
-            self.master.grad.copy_(self.low_precision_grad)
+            if not self.parameters_as_views:
+                self.master.grad.copy_(self.low_precision_grad)
             self.gathered = True
 
     def scatter_weights(self):
@@ -106,12 +127,20 @@ class XmlmAdamW(FairseqOptimizer):
         super().__init__(cfg)
         params = list(params)
         self.master = None
+        self.fused_master_step = getattr(cfg, "fused_master_step", False)  # configurations saved before it have none
         if any(isinstance(p, torch.Tensor) and p.dtype in LOW_PRECISION for p in params):
             if not all(isinstance(p, torch.Tensor) and p.dtype == params[0].dtype for p in params):
                 raise XmlmError("xmlm_adamw: low-precision parameters must be one dtype and not in parameter groups")
-            self.master = FlatMasterWeights(params)
+            self.master = FlatMasterWeights(params, parameters_as_views=self.fused_master_step)
             params = [self.master.master]
+        elif self.fused_master_step:
+            raise XmlmError("--fused-master-step needs low-precision parameters (--bf16-params or "
+                            "--memory-efficient-fp16)")
         self._optimizer = build_adamw(params, **self.optimizer_config)
+        if self.fused_master_step and self.master.master.is_cuda and not self._optimizer.defaults["fused"]:
+            raise XmlmError("--fused-master-step on a GPU needs xmlm_adamw's fused optimizer")
+        # the fused master step's gradient factors, applied in its kernel: a number and a GPU scalar (or None)
+        self._pending_scale, self._pending_factor = 1.0, None
 
     @property
     def optimizer_config(self):
@@ -151,14 +180,42 @@ class XmlmAdamW(FairseqOptimizer):
 
     def multiply_grads(self, c):
         self._gather_gradients()
-        super().multiply_grads(c)
+        if self.fused_master_step:
+            self._defer_factor(c)
+        else:
+            super().multiply_grads(c)
 
     def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
         self._gather_gradients()
-        return super().clip_grad_norm(max_norm, aggregate_norm_fn)
+        if not self.fused_master_step:
+            return super().clip_grad_norm(max_norm, aggregate_norm_fn)
+        # fairseq's utils.clip_grad_norm_ on the gradient as the step will see it: the low-precision values (which
+        # the fp32 copy holds exactly) times the factors waiting for the step
+        norm = torch.linalg.vector_norm(self.master.low_precision_grad, dtype=torch.float32) * self._pending_scale
+        if self._pending_factor is not None:
+            norm = norm * self._pending_factor
+        if aggregate_norm_fn is not None:
+            norm = aggregate_norm_fn(norm)
+        if max_norm > 0:
+            self._defer_factor((float(max_norm) / (norm + 1e-6)).clamp_(max=1))
+        return norm
+
+    def _defer_factor(self, c):
+        if torch.is_tensor(c):
+            self._pending_factor = c if self._pending_factor is None else self._pending_factor * c
+        else:
+            self._pending_scale *= c
 
     def step(self, closure=None, scale=1.0, groups=None):
         self._gather_gradients()
+        if self.fused_master_step:
+            if scale != 1.0:  # as fairseq's step for optimizers without a scaled step
+                self._defer_factor(1.0 / scale)
+            fused_adamw_step(self._optimizer, self.master.master, self.master.low_precision_grad,
+                             self.master.low_precision_weights, self._pending_scale, self._pending_factor,
+                             getattr(self._optimizer, "found_inf", None))
+            self._pending_scale, self._pending_factor = 1.0, None
+            return
         super().step(closure, scale, groups)
         if self.master is not None:
             self.master.scatter_weights()
@@ -181,6 +238,7 @@ class XmlmAdamW(FairseqOptimizer):
         return skipped
 
     def zero_grad(self):
+        self._pending_scale, self._pending_factor = 1.0, None
         if self.master is None:
             super().zero_grad()
         else:  # master.grad is overwritten by the next gather, not freed
