@@ -18,7 +18,8 @@ parts=${2:-gpu-tests,speed,curves,profile,rows}
 mkdir -p "$out"
 wanted() { [[ ",$parts," == *",$1,"* ]]; }
 bf16=bf16_params_cudagraphs_cudnn_xmlm_train
-fused=bf16_params_fused_norm_cudagraphs_cudnn_xmlm_train  # --bf16-params --fused-dropout-norm: the fastest
+# --bf16-params --fused-dropout-norm --fused-master-step --fused-bias-gelu: the fastest
+fused=bf16_params_fused_norm_step_gelu_cudagraphs_cudnn_xmlm_train
 fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,$bf16,$fused}
 
 if wanted gpu-tests && [ ! -e "$out/gpu_tests.log" ]; then

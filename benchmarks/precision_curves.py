@@ -1,8 +1,7 @@
 """Does a faster precision train the Conneau config as fp32 does? Loss curves of the first updates, side by side.
 
     python3 benchmarks/precision_curves.py --data DATA_ROOT/en_fr_joint --out DIR [--updates 2000]
-        [--runs fp32,fp16,bf16_params,bf16_params_seed2,bf16_params_fused_norm,
-                bf16_params_fused_norm_step_encoder_graph]
+        [--runs fp32,fp16,bf16_params,bf16_params_seed2,bf16_params_fused_norm,bf16_params_fused_norm_step_gelu]
 
 The data is the Default row's (Bible en-fr, one BPE): `python -m fairseq_xmlm.experiments.conneau paper --pairs en-fr
 --rows default --prepare-only --data-root DATA_ROOT`. Every run is a real fairseq-train (or xmlm-train) with the
@@ -15,8 +14,8 @@ logging every 10 updates:
 - bf16_params: `--bf16-params` under xmlm-train (no loss scaler, no host read per update), CUDA graphs, cuDNN's
   attention; bf16_params_seed2 the same from seed 2: what two runs that differ only by their seed differ by;
 - bf16_params_fused_norm: bf16_params with our dropout + LayerNorm kernels (`--fused-dropout-norm`);
-- bf16_params_fused_norm_step_encoder_graph: that with our AdamW kernel (`--fused-master-step`) and the encoder's
-  layers as one CUDA graph (`--compile-scope encoder`).
+- bf16_params_fused_norm_step_gelu: that with our AdamW kernel (`--fused-master-step`) and GELU kernels
+  (`--fused-bias-gelu`).
 
 Prints, and writes to DIR/summary.json (with the curves), each run's mean logged loss over the last `--tail` updates
 and its mean absolute difference to fp32's curve over them, beside the seed-to-seed difference; DIR/curves.png draws
@@ -40,8 +39,8 @@ RUNS = {  # name: (precision options, entry variant, seed)
     "bf16_params": (BF16_PARAMS + CUDA_GRAPHS_CUDNN, XMLM_TRAIN, 1),
     "bf16_params_seed2": (BF16_PARAMS + CUDA_GRAPHS_CUDNN, XMLM_TRAIN, 2),
     "bf16_params_fused_norm": (BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm"], XMLM_TRAIN, 1),
-    "bf16_params_fused_norm_step_encoder_graph": (
-        BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm", "--fused-master-step", "--compile-scope", "encoder"],
+    "bf16_params_fused_norm_step_gelu": (
+        BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm", "--fused-master-step", "--fused-bias-gelu"],
         XMLM_TRAIN, 1),
 }
 REFERENCE, NOISE = "fp32", ("bf16_params", "bf16_params_seed2")

@@ -1,18 +1,22 @@
 """Compiles our Triton kernels for a Hopper GPU (sm_90) with Triton's own ptxas, no GPU needed: the stacked
-encoder's attention (`packed.attention_kernels`) and the residual step's dropout + LayerNorm
-(`models.dropout_norm`). What CI can check of the GPU's side (`test_kernels_compile.py` runs this in a process
+encoder's attention (`packed.attention_kernels`), the residual step's dropout + LayerNorm
+(`models.dropout_norm`), the feed-forward GELU (`models.bias_gelu`) and xmlm_adamw's master step
+(`optim.master_step`). What CI can check of the GPU's side (`test_kernels_compile.py` runs this in a process
 without Triton's interpreter). Prints each kernel and its shared memory; fails on any compile error."""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fairseq_xmlm.models import dropout_norm
+from fairseq_xmlm.models import bias_gelu, dropout_norm
+from fairseq_xmlm.optim import master_step
 from fairseq_xmlm.packed import attention_kernels
 
 POINTERS = {"code": "*i8", "seed_at": "*i64", "lse": "*fp32", "kept": "*i32", "mean": "*fp32", "rstd": "*fp32",
             "partial_bias": "*fp32", "partial_weight": "*fp32", "partial_norm_bias": "*fp32",
-            "partials": "*fp32"}  # the rest: *bf16
-NUMBERS = {"scale": "fp32", "rescale": "fp32", "eps": "fp32"}  # the rest: i32
+            "partials": "*fp32", "master": "*fp32", "exp_avg": "*fp32", "exp_avg_sq": "*fp32", "factor_at": "*fp32",
+            "skip_at": "*fp32", "step_at": "*fp32"}  # the rest: *bf16
+NUMBERS = {name: "fp32" for name in ("scale", "rescale", "eps", "lr", "beta1", "beta2", "log2_beta1", "log2_beta2",
+                                     "weight_decay")}  # the rest: i32
 
 
 def compile_for_hopper(kernel, constants, warps, pointers):
@@ -40,3 +44,11 @@ compile_for_hopper(dropout_norm._backward_kernel, dict(norm, ROWS=dropout_norm.B
                    dropout_norm.BACKWARD_WARPS, NORM_POINTERS)
 compile_for_hopper(dropout_norm._sum_partials_kernel, {"PROGRAMS": 512, "COLUMNS": dropout_norm.SUM_COLUMNS}, 4,
                    ("partials", "grad_bias", "grad_weight", "grad_norm_bias"))
+
+GELU_POINTERS = ("x", "bias", "out", "grad_out", "grad_x", "partial_bias")
+gelu = {"ROWS": bias_gelu.ROWS, "COLUMNS": bias_gelu.COLUMNS}
+compile_for_hopper(bias_gelu._forward_kernel, gelu, bias_gelu.WARPS, GELU_POINTERS)
+compile_for_hopper(bias_gelu._backward_kernel, dict(gelu, TURNS=35), bias_gelu.WARPS, GELU_POINTERS)
+
+compile_for_hopper(master_step._adamw_kernel, {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True}, 8,
+                   ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at"))

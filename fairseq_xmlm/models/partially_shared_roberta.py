@@ -25,6 +25,7 @@ from fairseq.models import BaseFairseqModel, register_model, register_model_arch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_xmlm.errors import XmlmError
+from fairseq_xmlm.models.bias_gelu import bias_gelu
 from fairseq_xmlm.models.dropout_norm import dropout_add_layer_norm
 from fairseq_xmlm.precision import bf16_autocast
 
@@ -74,6 +75,13 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
         metadata={"help": "each layer's LayerNorm(residual + dropout(x + bias)) in one Triton kernel of ours forward "
                           "and one backward, on a GPU (models/dropout_norm.py): eight dropout draws a Philox call "
                           "where inductor's kernel makes one, and no mask kept for backward"},
+    )
+    fused_bias_gelu: bool = field(
+        default=False,
+        metadata={"help": "the feed-forward activation GELU(x + bias) in one Triton kernel of ours forward and one "
+                          "backward, on a GPU (models/bias_gelu.py): backward reads its inputs once, where inductor's "
+                          "kernels read them twice and compute GELU again; for --activation-fn gelu with no "
+                          "--activation-dropout"},
     )
     cudnn_attention: bool = field(
         default=False,
@@ -160,10 +168,15 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.activation_dropout = nn.Dropout(getattr(cfg, "activation_dropout", 0.0))
         self.fused_dropout_norm = getattr(cfg, "fused_dropout_norm", False)
+        self.fused_bias_gelu = (getattr(cfg, "fused_bias_gelu", False) and cfg.activation_fn == "gelu"
+                                and not getattr(cfg, "activation_dropout", 0.0))
 
     def forward(self, x, keep):
         x = self.add_and_norm(self.attention.attend(x, keep), self.attention.out, x, self.attention_norm)
-        hidden = self.activation_dropout(self.activation(self.ffn_in(x)))
+        if self.fused_bias_gelu and x.is_cuda:  # the product's bias added in our kernel
+            hidden = bias_gelu(F.linear(x, self.ffn_in.weight), self.ffn_in.bias)
+        else:
+            hidden = self.activation_dropout(self.activation(self.ffn_in(x)))
         return self.add_and_norm(hidden, self.ffn_out, x, self.ffn_norm)
 
     def add_and_norm(self, branch, product, residual, norm):

@@ -6,6 +6,7 @@ tests/conftest.py switches on for the CPU suite) and skip elsewhere, saying why:
 They train the recipe's real runs (`recipe_runs`) on the test suite's Fake-English data.
 """
 import os
+from argparse import Namespace
 
 import pytest
 import torch
@@ -55,3 +56,22 @@ def recipe_runs(fake_english_data, tmp_path):
         return runs
 
     return build
+
+
+@pytest.fixture
+def conneau_layers():
+    return make_conneau_layers
+
+
+def make_conneau_layers(flag, dropout):
+    """`conneau_layers`: two Transformer layers of the Conneau config in bf16 on the GPU with the same weights, without and with the
+    model option `flag` (e.g. fused_bias_gelu), and an input batch of 16 full 256-token rows with its key mask."""
+    from fairseq_xmlm.models.partially_shared_roberta import TransformerLayer
+
+    torch.manual_seed(0)
+    cfg = dict(encoder_embed_dim=768, encoder_attention_heads=12, encoder_ffn_embed_dim=3072, activation_fn="gelu",
+               dropout=dropout, attention_dropout=0.0, activation_dropout=0.0, cudnn_attention=False)
+    plain, fused = (TransformerLayer(Namespace(**cfg, **{flag: on})).cuda().to(torch.bfloat16) for on in (False, True))
+    fused.load_state_dict(plain.state_dict())
+    x = torch.randn(16, 256, 768, device="cuda", dtype=torch.bfloat16)
+    return plain, fused, x, torch.ones(16, 1, 1, 256, dtype=torch.bool, device="cuda")

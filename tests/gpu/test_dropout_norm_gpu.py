@@ -1,13 +1,10 @@
 """`--fused-dropout-norm` on a GPU: our dropout + residual + LayerNorm kernels (`models.dropout_norm`) compiled by
 Triton, alone and inside a compiled layer replayed as a CUDA graph, against eager PyTorch in fp32."""
-from argparse import Namespace
-
 import pytest
 import torch
 import torch.nn as nn
 
 from fairseq_xmlm.models.dropout_norm import _dropout_add_layer_norm, dropout_add_layer_norm
-from fairseq_xmlm.models.partially_shared_roberta import TransformerLayer
 
 pytestmark = pytest.mark.gpu
 
@@ -50,16 +47,8 @@ def test_dropout_rate_and_fresh_draws():
     assert kept.float().mean(0).min().item() > 0.85 and kept.float().mean(1).min().item() > 0.85
 
 
-def test_fused_layer_compiled_as_a_cuda_graph_equals_the_unfused_one():
-    torch.manual_seed(0)
-    cfg = Namespace(encoder_embed_dim=768, encoder_attention_heads=12, encoder_ffn_embed_dim=3072,
-                    activation_fn="gelu", dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-                    cudnn_attention=False, fused_dropout_norm=False)
-    plain = TransformerLayer(cfg).cuda().to(torch.bfloat16)
-    fused = TransformerLayer(Namespace(**{**vars(cfg), "fused_dropout_norm": True})).cuda().to(torch.bfloat16)
-    fused.load_state_dict(plain.state_dict())
-    x = torch.randn(16, 256, 768, device="cuda", dtype=torch.bfloat16)
-    keep = torch.ones(16, 1, 1, 256, dtype=torch.bool, device="cuda")
+def test_fused_layer_compiled_as_a_cuda_graph_equals_the_unfused_one(conneau_layers):
+    plain, fused, x, keep = conneau_layers("fused_dropout_norm", dropout=0.1)
     compiled = torch.compile(fused, mode="reduce-overhead")
     plain.eval(), fused.eval()
     for _ in range(3):  # warm-up, recording, replay

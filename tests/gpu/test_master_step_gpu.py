@@ -40,8 +40,8 @@ def test_the_fused_master_step_takes_torchs_steps_and_skips_on_the_device(clip_n
     assert float(state["step"]) == float(expected_state["step"]) == 4
     torch.testing.assert_close(fused.master.master, unfused.master.master, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(state["exp_avg_sq"], expected_state["exp_avg_sq"], rtol=1e-4, atol=1e-10)
-    for p, q in zip(got, expected):  # both round to nearest: equal where the fp32 values are
-        torch.testing.assert_close(p.data.float(), q.data.float(), rtol=2 ** -8, atol=0)
+    for p, q in zip(got, expected):  # two roundings of nearly equal fp32 values: one unit apart at most
+        torch.testing.assert_close(p.data.float(), q.data.float(), rtol=2 ** -7, atol=1e-5)
 
 
 def test_xmlm_train_with_the_fused_step_and_one_graph_for_the_encoder_logs_the_plain_losses(fake_english_data,
