@@ -158,10 +158,10 @@ def test_xmlm_adamw_and_fairseq_adam_follow_the_adamw_formula(name):
         assert set(XmlmAdamWConfig.__dataclass_fields__) >= {"adam_betas", "adam_eps", "weight_decay", "lr"}
 
 
-def fp16_training_cfg(flatten):
+def fp16_training_cfg(flatten, fused_master_step=False):
     return OmegaConf.create({
         "optimizer": {"_name": "xmlm_adamw", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-6, "weight_decay": 0.01,
-                      "lr": [2e-3], "fused": True},
+                      "lr": [2e-3], "fused": True, "fused_master_step": fused_master_step},
         "common": {"fp16_init_scale": 128, "fp16_scale_window": None, "fp16_scale_tolerance": 0.0,
                    "threshold_loss_scale": None, "min_loss_scale": 1e-4, "bf16": False, "model_parallel_size": 1,
                    "fp16_no_flatten_grads": not flatten},
@@ -170,9 +170,11 @@ def fp16_training_cfg(flatten):
     })
 
 
-def test_memory_efficient_fp16_equals_fp16_with_flat_master_weights():
+@pytest.mark.parametrize("fused_master_step", [False, True])
+def test_memory_efficient_fp16_equals_fp16_with_flat_master_weights(fused_master_step):
     """--memory-efficient-fp16 (xmlm_adamw keeps the fp32 master copy itself, flat) takes the same steps as --fp16
-    (fairseq's FP16Optimizer), loss scale, gradient norm and a step skipped on overflow included."""
+    (fairseq's FP16Optimizer), loss scale, gradient norm and a step skipped on overflow included; with
+    --fused-master-step (its kernel in Triton's interpreter) the same steps to fp32 rounding."""
     torch.manual_seed(0)
     shapes = [(5, 3), (7,), (2, 2, 2)]
     start = [torch.randn(shape).half() for shape in shapes]
@@ -182,7 +184,9 @@ def test_memory_efficient_fp16_equals_fp16_with_flat_master_weights():
     # FP16Optimizer flattens its fp32 copy only on CUDA: here it keeps one fp32 tensor per parameter
     for wrapper in (FP16Optimizer, MemoryEfficientFP16Optimizer):
         params = [torch.nn.Parameter(p.clone()) for p in start]
-        optimizer = wrapper.build_optimizer(fp16_training_cfg(flatten=False), params)
+        flat = wrapper is MemoryEfficientFP16Optimizer
+        optimizer = wrapper.build_optimizer(fp16_training_cfg(False, fused_master_step and flat), params)
+        assert not flat or optimizer.wrapped_optimizer.fused_master_step == fused_master_step
         norms = []
         for grads in steps:
             optimizer.zero_grad()
@@ -199,11 +203,15 @@ def test_memory_efficient_fp16_equals_fp16_with_flat_master_weights():
         results.append((params, norms, optimizer.scaler.loss_scale, second_moments))
     (fp16_params, fp16_norms, fp16_scale, fp16_moments), (flat_params, flat_norms, flat_scale, flat_moments) = results
     assert all(p.dtype == torch.float16 for p in flat_params)
+    # the fused step: the factors multiplied together before the gradient, not one after the other, and its fp16
+    # copy rounded toward zero by the interpreter: one unit in the last place apart at most
+    exact = dict(rtol=2 ** -10, atol=1e-7) if fused_master_step else dict(rtol=0, atol=0)
     for expected, got in zip(fp16_params, flat_params):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        torch.testing.assert_close(got, expected, **exact)
     assert flat_scale == fp16_scale < 128 and math.isinf(flat_norms[2]) and math.isinf(fp16_norms[2])
     assert flat_norms == pytest.approx(fp16_norms, rel=1e-6)  # one norm over a flat tensor vs a norm of norms
-    torch.testing.assert_close(flat_moments, fp16_moments, rtol=0, atol=0)
+    torch.testing.assert_close(flat_moments, fp16_moments, **(dict(rtol=1e-5, atol=1e-12) if fused_master_step
+                                                               else exact))
 
 
 def test_fairseq_train_with_flat_master_weights_logs_the_fp16_losses(fake_english_data, tmp_path):
