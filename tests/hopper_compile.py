@@ -47,8 +47,8 @@ compile_for_hopper(dropout_norm._sum_partials_kernel, {"PROGRAMS": 512, "COLUMNS
 
 GELU_POINTERS = ("x", "bias", "out", "grad_out", "grad_x", "partial_bias")
 gelu = {"ROWS": bias_gelu.ROWS, "COLUMNS": bias_gelu.COLUMNS}
-compile_for_hopper(bias_gelu._forward_kernel, gelu, bias_gelu.WARPS, GELU_POINTERS)
-compile_for_hopper(bias_gelu._backward_kernel, dict(gelu, TURNS=35), bias_gelu.WARPS, GELU_POINTERS)
+compile_for_hopper(bias_gelu._gelu_forward_kernel, gelu, bias_gelu.WARPS, GELU_POINTERS)
+compile_for_hopper(bias_gelu._gelu_backward_kernel, dict(gelu, TURNS=35), bias_gelu.WARPS, GELU_POINTERS)
 
 compile_for_hopper(master_step._adamw_kernel, {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True}, 8,
                    ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at"))

@@ -10,7 +10,8 @@ gradient to compute GELU again (for the second product's weight gradient) with i
 once more to sum the bias's gradient: at the Conneau config (24,576 tokens x 3,072, bf16, one H200) 2.4 ms an update
 in three kernels (`docs/results/profile/`). Here autograd keeps the forward's output for the second product, and
 backward reads the gradient and x once, writing x's gradient and per-program partial sums of the bias's. In the
-training step that saved less than hoped (`docs/performance.md`): these kernels are untuned.
+training step it measured no faster than inductor's chain (`docs/performance.md`): its forward is slower, its
+backward faster, and the first product loses the bias it added for free in cuBLAS's epilogue. The tiles are untuned.
 
 The arithmetic is fp32 whatever the tensors' type: x + bias is not rounded before GELU as eager rounds the product's
 output with its bias. `tests/test_bias_gelu.py` runs the kernels in Triton's interpreter on the CPU against eager
@@ -30,6 +31,7 @@ PROGRAMS_PER_SM = 4  # backward: programs a multiprocessor, each looping over it
 # hash, so that an edited kernel never meets graphs compiled for the old one
 _VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 SQRT_HALF, INVERSE_SQRT_2PI = tl.constexpr(0.7071067811865476), tl.constexpr(0.3989422804014327)
+# (the kernels' names are their own, apart from dropout_norm's, so that a profile tells them apart)
 
 
 @triton.jit
@@ -42,7 +44,7 @@ def _tile(row_block, col_block, rows, dim, ROWS: tl.constexpr, COLUMNS: tl.const
 
 
 @triton.jit
-def _forward_kernel(x, bias, out, rows, dim, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+def _gelu_forward_kernel(x, bias, out, rows, dim, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
     col, inside, at = _tile(tl.program_id(0), tl.program_id(1), rows, dim, ROWS, COLUMNS)
     h = tl.load(x + at, mask=inside, other=0.0).to(tl.float32)
     h += tl.load(bias + col, mask=col < dim, other=0.0).to(tl.float32)[None, :]
@@ -51,7 +53,7 @@ def _forward_kernel(x, bias, out, rows, dim, ROWS: tl.constexpr, COLUMNS: tl.con
 
 
 @triton.jit
-def _backward_kernel(grad_out, x, bias, grad_x, partial_bias, rows, dim, programs, TURNS: tl.constexpr,
+def _gelu_backward_kernel(grad_out, x, bias, grad_x, partial_bias, rows, dim, programs, TURNS: tl.constexpr,
                      ROWS: tl.constexpr, COLUMNS: tl.constexpr):
     """Row blocks program, program + programs, ... of column block program_id(1); the bias's partial sums of the
     program in row `program` of partial_bias. TURNS is a constant: a loop bound that is an argument fails in
@@ -73,7 +75,7 @@ def _backward_kernel(grad_out, x, bias, grad_x, partial_bias, rows, dim, program
 def launch_forward(x, bias):
     rows, dim = x.shape
     out = torch.empty_like(x)
-    _forward_kernel[(triton.cdiv(rows, ROWS), triton.cdiv(dim, COLUMNS))](x, bias, out, rows, dim, ROWS=ROWS,
+    _gelu_forward_kernel[(triton.cdiv(rows, ROWS), triton.cdiv(dim, COLUMNS))](x, bias, out, rows, dim, ROWS=ROWS,
                                                                           COLUMNS=COLUMNS, num_warps=WARPS)
     return out
 
@@ -86,7 +88,7 @@ def launch_backward(grad_out, x, bias):
     per_device = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
     programs = max(1, min(row_blocks, triton.cdiv(per_device * PROGRAMS_PER_SM, col_blocks)))
     partial_bias = torch.empty(programs, dim, device=x.device, dtype=torch.float32)
-    _backward_kernel[(programs, col_blocks)](grad_out, x, bias, grad_x, partial_bias, rows, dim, programs,
+    _gelu_backward_kernel[(programs, col_blocks)](grad_out, x, bias, grad_x, partial_bias, rows, dim, programs,
                                              TURNS=triton.cdiv(row_blocks, programs), ROWS=ROWS, COLUMNS=COLUMNS,
                                              num_warps=WARPS)
     return grad_x, partial_bias.sum(0)

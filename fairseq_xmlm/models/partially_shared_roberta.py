@@ -49,12 +49,12 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
     sep_layers: str = field(
         default="", metadata={"help": "1-based range of bottom layers copied per language, e.g. 1-3"}
     )
-    compile: bool = field(default=False, metadata={"help": "torch.compile each Transformer layer"})
+    compile: bool = field(default=False, metadata={"help": "torch.compile each Transformer layer (--compile-scope)"})
     compile_scope: ChoiceEnum(["layer", "encoder"]) = field(
         default="layer",
         metadata={"help": "what --compile compiles as one graph: each Transformer layer, or all of them (encoder: "
-                          "under reduce-overhead one CUDA graph forward and one backward, where the layers' own "
-                          "graphs leave the GPU waiting for the host between them; longer to compile)"},
+                          "under reduce-overhead one CUDA graph forward and one backward in place of one a layer; "
+                          "longer to compile, and no faster at the Conneau config: docs/performance.md)"},
     )
     compile_mode: ChoiceEnum(["default", "reduce-overhead", "max-autotune"]) = field(
         default="default",

@@ -201,7 +201,8 @@ class XmlmAdamW(FairseqOptimizer):
         return norm
 
     def _defer_factor(self, c):
-        if torch.is_tensor(c):
+        if torch.is_tensor(c):  # the kernel reads it beside the weights
+            c = c.to(self.master.master.device, torch.float32)
             self._pending_factor = c if self._pending_factor is None else self._pending_factor * c
         else:
             self._pending_scale *= c
