@@ -17,19 +17,16 @@ The arithmetic is fp32 whatever the tensors' type: x + bias is not rounded befor
 output with its bias. `tests/test_bias_gelu.py` runs the kernels in Triton's interpreter on the CPU against eager
 PyTorch; `tests/gpu/test_bias_gelu_gpu.py` on a GPU.
 """
-import hashlib
-from pathlib import Path
-
 import torch
 
 import triton
 import triton.language as tl
 
+from fairseq_xmlm.kernel_ops import multiprocessors, source_version
+
 ROWS, COLUMNS, WARPS = 16, 256, 8  # a program's tile: 4,096 values, 16-byte loads of bf16
 PROGRAMS_PER_SM = 4  # backward: programs a multiprocessor, each looping over its column block's rows
-# inductor's caches know a custom op by its name, not its code (pytorch issue 144344): the name carries this file's
-# hash, so that an edited kernel never meets graphs compiled for the old one
-_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+_VERSION = source_version(__file__)  # in the ops' names
 SQRT_HALF, INVERSE_SQRT_2PI = tl.constexpr(0.7071067811865476), tl.constexpr(0.3989422804014327)
 # (the kernels' names are their own, apart from dropout_norm's, so that a profile tells them apart)
 
@@ -76,7 +73,7 @@ def launch_forward(x, bias):
     rows, dim = x.shape
     out = torch.empty_like(x)
     _gelu_forward_kernel[(triton.cdiv(rows, ROWS), triton.cdiv(dim, COLUMNS))](x, bias, out, rows, dim, ROWS=ROWS,
-                                                                          COLUMNS=COLUMNS, num_warps=WARPS)
+                                                                               COLUMNS=COLUMNS, num_warps=WARPS)
     return out
 
 
@@ -85,12 +82,11 @@ def launch_backward(grad_out, x, bias):
     rows, dim = x.shape
     grad_x = torch.empty_like(x)
     row_blocks, col_blocks = triton.cdiv(rows, ROWS), triton.cdiv(dim, COLUMNS)
-    per_device = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    programs = max(1, min(row_blocks, triton.cdiv(per_device * PROGRAMS_PER_SM, col_blocks)))
+    programs = max(1, min(row_blocks, triton.cdiv(multiprocessors(x.device) * PROGRAMS_PER_SM, col_blocks)))
     partial_bias = torch.empty(programs, dim, device=x.device, dtype=torch.float32)
     _gelu_backward_kernel[(programs, col_blocks)](grad_out, x, bias, grad_x, partial_bias, rows, dim, programs,
-                                             TURNS=triton.cdiv(row_blocks, programs), ROWS=ROWS, COLUMNS=COLUMNS,
-                                             num_warps=WARPS)
+                                                  TURNS=triton.cdiv(row_blocks, programs), ROWS=ROWS,
+                                                  COLUMNS=COLUMNS, num_warps=WARPS)
     return grad_x, partial_bias.sum(0)
 
 

@@ -16,15 +16,13 @@ bf16 one after another; here only the sum is rounded, so bf16 results differ fro
 `tests/test_dropout_norm.py` runs the kernels in Triton's interpreter on the CPU against eager PyTorch;
 `tests/gpu/test_dropout_norm_gpu.py` runs them compiled in the model on a GPU.
 """
-import hashlib
-from pathlib import Path
-
 import torch
 
 import triton
 import triton.language as tl
 
 from fairseq_xmlm.dropout_draws import draw_threshold, keep_draws
+from fairseq_xmlm.kernel_ops import multiprocessors, source_version
 
 # forward: rows a program (the fastest of `benchmarks/dropout_norm_speed.py`'s tilings at the Conneau config on an
 # H200, 45 us); backward: programs per multiprocessor, each looping over blocks of rows (that script's backward
@@ -33,9 +31,7 @@ from fairseq_xmlm.dropout_draws import draw_threshold, keep_draws
 FORWARD_ROWS, FORWARD_WARPS = 4, 4
 BACKWARD_ROWS, BACKWARD_WARPS, BACKWARD_PROGRAMS_PER_SM = 4, 8, 2
 SUM_COLUMNS = 32  # columns a program of the partial sums' kernel
-# inductor's caches know a custom op by its name, not its code (pytorch issue 144344): the name carries this file's
-# hash, so that an edited kernel never meets graphs compiled for the old one
-_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+_VERSION = source_version(__file__)  # in the ops' names
 
 
 @triton.jit
@@ -149,8 +145,7 @@ def launch_forward(x, bias, residual, weight, norm_bias, seed, dropout, eps, row
 
 
 def _programs(device, blocks, per_sm):
-    per_device = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(blocks, per_device * per_sm))
+    return max(1, min(blocks, multiprocessors(device) * per_sm))
 
 
 def launch_backward(grad_out, summed, weight, mean, rstd, seed, dropout, rows_per_program=BACKWARD_ROWS,

@@ -17,9 +17,7 @@ product needs no pass of its own for it.
 `tests/test_short_attention.py` runs the kernels in Triton's interpreter (TRITON_INTERPRET=1) on the CPU against
 `torch.nn.functional.scaled_dot_product_attention`; `tests/gpu/test_stacked_equal.py` runs them compiled on a GPU.
 """
-import hashlib
 import math
-from pathlib import Path
 
 import torch
 
@@ -27,13 +25,12 @@ import triton
 import triton.language as tl
 
 from fairseq_xmlm.dropout_draws import draw_threshold, keep_draws
+from fairseq_xmlm.kernel_ops import source_version
 
 LONGEST_ROW = 128  # tokens: Dufter's models have 128 positions
 WORDS = LONGEST_ROW // 32  # int32 words of dropout bits a query
 _WORDS = tl.constexpr(WORDS)
-# inductor's caches know a custom op by its name, not by its Python code (pytorch issue 144344): with the same name,
-# an edited backward met graphs compiled for the old one. The ops' names carry this file's hash.
-_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+_VERSION = source_version(__file__)  # in the ops' names
 
 
 @triton.jit
