@@ -69,24 +69,25 @@ def _gelu_backward_kernel(grad_out, x, bias, grad_x, partial_bias, rows, dim, pr
     tl.store(partial_bias + program * dim + col, tl.sum(summed, 0), mask=col < dim)
 
 
-def launch_forward(x, bias):
-    rows, dim = x.shape
+def launch_forward(x, bias, tile=(ROWS, COLUMNS, WARPS)):
+    """GELU(x + bias); tile = (rows, columns, warps) of a program (benchmarks/bias_gelu_speed.py tries others)."""
+    (rows, dim), (tile_rows, tile_columns, warps) = x.shape, tile
     out = torch.empty_like(x)
-    _gelu_forward_kernel[(triton.cdiv(rows, ROWS), triton.cdiv(dim, COLUMNS))](x, bias, out, rows, dim, ROWS=ROWS,
-                                                                               COLUMNS=COLUMNS, num_warps=WARPS)
+    _gelu_forward_kernel[(triton.cdiv(rows, tile_rows), triton.cdiv(dim, tile_columns))](
+        x, bias, out, rows, dim, ROWS=tile_rows, COLUMNS=tile_columns, num_warps=warps)
     return out
 
 
-def launch_backward(grad_out, x, bias):
+def launch_backward(grad_out, x, bias, tile=(ROWS, COLUMNS, WARPS), programs_per_sm=PROGRAMS_PER_SM):
     """(grad x, grad bias in fp32)."""
-    rows, dim = x.shape
+    (rows, dim), (tile_rows, tile_columns, warps) = x.shape, tile
     grad_x = torch.empty_like(x)
-    row_blocks, col_blocks = triton.cdiv(rows, ROWS), triton.cdiv(dim, COLUMNS)
-    programs = max(1, min(row_blocks, triton.cdiv(multiprocessors(x.device) * PROGRAMS_PER_SM, col_blocks)))
+    row_blocks, col_blocks = triton.cdiv(rows, tile_rows), triton.cdiv(dim, tile_columns)
+    programs = max(1, min(row_blocks, triton.cdiv(multiprocessors(x.device) * programs_per_sm, col_blocks)))
     partial_bias = torch.empty(programs, dim, device=x.device, dtype=torch.float32)
     _gelu_backward_kernel[(programs, col_blocks)](grad_out, x, bias, grad_x, partial_bias, rows, dim, programs,
-                                                  TURNS=triton.cdiv(row_blocks, programs), ROWS=ROWS,
-                                                  COLUMNS=COLUMNS, num_warps=WARPS)
+                                                  TURNS=triton.cdiv(row_blocks, programs), ROWS=tile_rows,
+                                                  COLUMNS=tile_columns, num_warps=warps)
     return grad_x, partial_bias.sum(0)
 
 
