@@ -15,8 +15,9 @@ Both kernels are bound by their instructions, not by memory: with libdevice's er
 against a plain copy's 4.2 (`benchmarks/bias_gelu_speed.py`), no faster in the training step than inductor's chain.
 So erf is Abramowitz & Stegun's 7.1.26, whose exp is also the normal density of the derivative, with no branch: the
 training step ran 2.6 % faster than with inductor's chain, where libdevice's erf gained 0.6 % (`docs/performance.md`).
-The tile, 8 x 512 values and 4 warps, was a prototype's fastest. It is within 3e-7 max(1, |h|) of float64 in GELU and its derivative, where eager fp32's own error reaches 2.5e-7 max(1, |h|)
-(`tests/test_bias_gelu.py`): below bf16's rounding of the output by four orders of magnitude.
+The tile, 8 x 512 values and 4 warps, was a prototype's fastest. It is within 3e-7 max(1, |h|) of float64 in GELU
+and its derivative, where eager fp32's own error reaches 2.5e-7 max(1, |h|) (`tests/test_bias_gelu.py`): below
+bf16's rounding of the output by four orders of magnitude.
 
 The arithmetic is fp32 whatever the tensors' type: x + bias is not rounded before GELU as eager rounds the product's
 output with its bias. `tests/test_bias_gelu.py` runs the kernels in Triton's interpreter on the CPU against eager
