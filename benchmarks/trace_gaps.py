@@ -1,7 +1,7 @@
 """Where the GPU waits inside an update: the gaps between kernels of a `profile_step.py --trace` timeline, update by
 update.
 
-    python3 benchmarks/trace_gaps.py DIR/<run>.trace.json.gz
+    python3 benchmarks/trace_gaps.py DIR/<run>.trace.json.gz [--kernels 30]
 
 profile_step.py's idle time is the profiled window's wall less its kernels, over every profiled update: it counts
 the waits around the synchronisation that opens the window and the profiler's own stop. This reads the timeline
@@ -10,7 +10,9 @@ last): their wall from the first one's first kernel to the last one's last; for 
 first kernel to its last, the kernels' busy time, their number, and the gaps between consecutive kernels, copies and
 memsets, by length and by the host call that launched the kernel after the gap (cudaGraphLaunch: a kernel of a CUDA
 graph, waiting on the one before it inside the graph). Prints the per-update mean, and the range of the host's time
-in those updates' train_step: where it is shorter than the GPU's span, the host can run ahead. Not a test.
+in those updates' train_step: where it is shorter than the GPU's span, the host can run ahead. With --kernels N, also
+the N kernels launched most often, with their calls and time an update: what fusing would save in launch gaps. Not a
+test.
 """
 import argparse
 import gzip
@@ -55,9 +57,14 @@ def summarise(events):
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     steps = updates(events)
     totals = {"span": 0.0, "busy": 0.0, "kernels": 0, "gaps": 0.0}
+    calls = {}  # kernel name: [calls, us]
     by_length, by_launch = {label: [0, 0.0] for _, label in LENGTHS}, {}
     for step in steps:
         busy, count, gaps = gaps_of(work, step["ts"], step["ts"] + step["dur"])
+        for item in (w for w in work if step["ts"] <= w["ts"] <= step["ts"] + step["dur"]):
+            row = calls.setdefault(item["name"], [0, 0.0])
+            row[0] += 1
+            row[1] += item["dur"]
         totals["span"] += step["dur"]
         totals["busy"] += busy
         totals["kernels"] += count
@@ -75,12 +82,15 @@ def summarise(events):
             "busy_ms": totals["busy"] / n / 1e3, "kernels": totals["kernels"] / n,
             "host_train_step_ms": {"min": min(host), "max": max(host)}, "gap_ms": totals["gaps"] / n / 1e3,
             "gaps_by_length": {label: {"count": c / n, "ms": us / n / 1e3} for label, (c, us) in by_length.items()},
-            "gap_ms_by_launch": {k: us / n / 1e3 for k, us in sorted(by_launch.items(), key=lambda kv: -kv[1])}}
+            "gap_ms_by_launch": {k: us / n / 1e3 for k, us in sorted(by_launch.items(), key=lambda kv: -kv[1])},
+            "calls": {name: {"count": c / n, "ms": us / n / 1e3}
+                      for name, (c, us) in sorted(calls.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))}}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace", help="a .trace.json(.gz) of profile_step.py --trace")
+    parser.add_argument("--kernels", type=int, default=0, help="also list this many of the most often launched")
     args = parser.parse_args(argv)
     try:
         events = load(args.trace)
@@ -100,6 +110,8 @@ def main(argv=None):
         print(f"  gaps {label:>10}: {row['count']:6.1f} an update, {row['ms']:.3f} ms")
     for launch, ms in summary["gap_ms_by_launch"].items():
         print(f"  before work launched by {launch}: {ms:.3f} ms")
+    for name, row in list(summary["calls"].items())[:args.kernels]:
+        print(f"  {row['count']:6.1f} calls, {row['ms']:.3f} ms an update: {name[:100]}")
     return 0
 
 

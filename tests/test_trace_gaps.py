@@ -39,14 +39,16 @@ def test_gaps_of_the_middle_updates():
     assert summary["gaps_by_length"]["< 2 us"] == {"count": 1, "ms": 0.001}
     assert summary["gaps_by_length"]["5-20 us"] == {"count": 1, "ms": 0.01}
     assert summary["gap_ms_by_launch"] == {"cudaLaunchKernel": 0.01, "cudaGraphLaunch": 0.001}
+    assert summary["calls"] == {"k": {"count": 4, "ms": 0.939}}  # each kernel's own time: 100 + 199 + 150 + 490 us
 
 
 def test_main_prints_and_refuses_what_is_not_a_trace(tmp_path, capsys):
     path = tmp_path / "run.trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": timeline()}, f)
-    assert trace_gaps.main([str(path)]) == 0
-    assert "2 updates" in capsys.readouterr().out
+    assert trace_gaps.main([str(path), "--kernels", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "2 updates" in out and "4.0 calls, 0.939 ms an update: k" in out
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert trace_gaps.main([str(bad)]) == 2
