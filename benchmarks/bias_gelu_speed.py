@@ -22,35 +22,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from _common import graph_ms
 from fairseq_xmlm.models import bias_gelu
 
 ROWS, DIM = 96 * 256, 3072
 TILES = [(8, 256, 4), (16, 256, 4), (16, 256, 8), (32, 256, 8), (8, 512, 4), (8, 512, 8), (16, 512, 8),
          (4, 1024, 4), (4, 1024, 8), (8, 1024, 8), (32, 128, 4), (64, 128, 8)]
 PROGRAMS_PER_SM = (1, 2, 4, 8)
-
-
-def graph_ms(function, repeats):
-    """GPU milliseconds a call: `repeats` calls in one CUDA graph, replayed 3 times after a warm-up replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            function()  # compiles; and allocations of the pool's sizes
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            function()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 3 / repeats
 
 
 def rate(tensors, ms):

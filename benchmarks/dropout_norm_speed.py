@@ -4,14 +4,14 @@ kernels (`models.dropout_norm`, `--fused-dropout-norm`) against inductor's compi
 
     python3 benchmarks/dropout_norm_speed.py --out DIR
 
-At the Conneau config's size (96 x 256 tokens of 768, bf16, dropout 0.1), timed with CUDA events over --repeats
-calls after a warm-up:
+At the Conneau config's size (96 x 256 tokens of 768, bf16, dropout 0.1), each row --repeats calls captured in one
+CUDA graph and replayed, timed with CUDA events (`_common.graph_ms`: the host's launches are not timed):
 - forward, and forward + backward, of the chain compiled by inductor (default mode), with dropout 0.1 and without
   (what its draws cost);
 - our forward kernel and our backward (its kernel and the partial sums' kernel) alone, in several tilings (rows a
-  program, warps; and for backward programs per multiprocessor), the module's defaults marked. Each call launches
-  from Python: the backward's two launches and allocations take longer on the host than its kernels on an H200
-  (100-135 us a call here against 67 us in a training step's profile), so its rows time the host;
+  program, warps; and for backward programs per multiprocessor), the module's defaults marked. (Timed call by call
+  from Python, before the CUDA graphs, the backward's rows timed the host: 100-135 us a call against 67 us in a
+  training step's profile);
 - the memory traffic each needs (bytes read and written) over its time, against the card's bandwidth.
 Prints a table; writes DIR/dropout_norm_speed.json. Not a test.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _common import cuda_ms
+from _common import graph_ms
 from fairseq_xmlm.models import dropout_norm
 
 ROWS, DIM, DROPOUT = 96 * 256, 768, 0.1
@@ -43,8 +43,8 @@ def inductor_rows(tensors, grad, repeats):
 
         def both():
             torch.autograd.grad(compiled(*tensors, dropout), tensors, grad)
-        rows[f"inductor dropout {dropout}"] = {"forward_ms": cuda_ms(forward, repeats),
-                                              "forward_backward_ms": cuda_ms(both, repeats)}
+        rows[f"inductor dropout {dropout}"] = {"forward_ms": graph_ms(forward, repeats),
+                                              "forward_backward_ms": graph_ms(both, repeats)}
     return rows
 
 
@@ -56,7 +56,7 @@ def our_rows(tensors, grad, repeats, bytes_per_value):
     for per_program in (1, 2, 4, 8):
         for warps in (2, 4, 8):
             default = (per_program, warps) == (dropout_norm.FORWARD_ROWS, dropout_norm.FORWARD_WARPS)
-            ms = cuda_ms(lambda: dropout_norm.launch_forward(x, bias, residual, weight, norm_bias, seed, DROPOUT,
+            ms = graph_ms(lambda: dropout_norm.launch_forward(x, bias, residual, weight, norm_bias, seed, DROPOUT,
                                                              1e-5, per_program, warps), repeats)
             # reads x and the residual, writes the output and the sum
             rows[f"ours forward rows={per_program} warps={warps}" + (" (default)" if default else "")] = {
@@ -67,7 +67,7 @@ def our_rows(tensors, grad, repeats, bytes_per_value):
             for programs in (2, 4, 8):
                 default = (per_program, warps, programs) == (dropout_norm.BACKWARD_ROWS, dropout_norm.BACKWARD_WARPS,
                                                             dropout_norm.BACKWARD_PROGRAMS_PER_SM)
-                ms = cuda_ms(lambda: dropout_norm.launch_backward(grad, summed, weight, mean, rstd, seed, DROPOUT,
+                ms = graph_ms(lambda: dropout_norm.launch_backward(grad, summed, weight, mean, rstd, seed, DROPOUT,
                                                                   per_program, warps, programs), repeats)
                 # reads the output's gradient and the sum, writes the gradients of x and of the residual
                 name = f"ours backward rows={per_program} warps={warps} programs/SM={programs}"
@@ -79,7 +79,7 @@ def our_rows(tensors, grad, repeats, bytes_per_value):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=100)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: dropout_norm_speed.py needs a CUDA GPU", file=sys.stderr)
