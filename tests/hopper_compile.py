@@ -25,7 +25,8 @@ def compile_for_hopper(kernel, constants, warps, pointers):
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    options = " ".join(f"{name}={value}" for name, value in constants.items() if name in ("BLOCK", "TURNS", "PROGRAMS"))
+    options = " ".join(f"{name}={value}" for name, value in constants.items()
+                       if name in ("BLOCK", "TURNS", "PROGRAMS", "WIDE", "EVEN"))
     print(f"{kernel.__name__} {options}: sm_90, {compiled.metadata.shared} bytes of shared memory")
 
 
@@ -47,8 +48,11 @@ compile_for_hopper(dropout_norm._sum_partials_kernel, {"PROGRAMS": 512, "COLUMNS
 
 GELU_POINTERS = ("x", "bias", "out", "grad_out", "grad_x", "partial_bias")
 gelu = {"ROWS": bias_gelu.ROWS, "COLUMNS": bias_gelu.COLUMNS}
-compile_for_hopper(bias_gelu._gelu_forward_kernel, gelu, bias_gelu.WARPS, GELU_POINTERS)
-compile_for_hopper(bias_gelu._gelu_backward_kernel, dict(gelu, TURNS=35), bias_gelu.WARPS, GELU_POINTERS)
+for wide, even in ((False, True), (True, False)):  # the Conneau config's tiles; int64 offsets with masked edges
+    compile_for_hopper(bias_gelu._gelu_forward_kernel, dict(gelu, WIDE=wide, EVEN=even), bias_gelu.WARPS,
+                       GELU_POINTERS)
+    compile_for_hopper(bias_gelu._gelu_backward_kernel, dict(gelu, TURNS=35, WIDE=wide), bias_gelu.WARPS,
+                       GELU_POINTERS)
 
 compile_for_hopper(master_step._adamw_kernel, {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True}, 8,
                    ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at"))
