@@ -57,7 +57,7 @@ def our_rows(tensors, grad, repeats, bytes_per_value):
         for warps in (2, 4, 8):
             default = (per_program, warps) == (dropout_norm.FORWARD_ROWS, dropout_norm.FORWARD_WARPS)
             ms = graph_ms(lambda: dropout_norm.launch_forward(x, bias, residual, weight, norm_bias, seed, DROPOUT,
-                                                             1e-5, per_program, warps), repeats)
+                                                              1e-5, per_program, warps), repeats)
             # reads x and the residual, writes the output and the sum
             rows[f"ours forward rows={per_program} warps={warps}" + (" (default)" if default else "")] = {
                 "forward_ms": ms, "tb_per_s": 4 * ROWS * DIM * bytes_per_value / ms / 1e9}
@@ -68,7 +68,7 @@ def our_rows(tensors, grad, repeats, bytes_per_value):
                 default = (per_program, warps, programs) == (dropout_norm.BACKWARD_ROWS, dropout_norm.BACKWARD_WARPS,
                                                             dropout_norm.BACKWARD_PROGRAMS_PER_SM)
                 ms = graph_ms(lambda: dropout_norm.launch_backward(grad, summed, weight, mean, rstd, seed, DROPOUT,
-                                                                  per_program, warps, programs), repeats)
+                                                                   per_program, warps, programs), repeats)
                 # reads the output's gradient and the sum, writes the gradients of x and of the residual
                 name = f"ours backward rows={per_program} warps={warps} programs/SM={programs}"
                 rows[name + (" (default)" if default else "")] = {
