@@ -30,7 +30,7 @@ import triton.language as tl
 
 from fairseq_xmlm.kernel_ops import multiprocessors, source_version
 
-ROWS, COLUMNS, WARPS = 8, 512, 4  # a program's tile: 4,096 values (`benchmarks/bias_gelu_speed.py` chose it)
+ROWS, COLUMNS, WARPS = 8, 512, 4  # a program's tile: 4,096 values (a prototype of these kernels' fastest)
 PROGRAMS_PER_SM = 4  # backward: programs a multiprocessor, each looping over its column block's rows
 _VERSION = source_version(__file__)  # in the ops' names
 INVERSE_SQRT_2PI = tl.constexpr(0.3989422804014327)
@@ -44,8 +44,8 @@ P, A1, A2, A3, A4, A5 = (tl.constexpr(c) for c in (0.3275911, 0.254829592, -0.28
 @triton.jit
 def _phi_and_density(h):
     """(Phi(h), exp(-h^2 / 2)). With z = |h| / sqrt 2, A&S's exp(-z^2) is the normal density's exp(-h^2 / 2), which
-    the derivative needs too: one exp for both. libdevice's erf costs about twice the instructions, and the kernels
-    are bound by them, not by memory (`benchmarks/bias_gelu_speed.py`)."""
+    the derivative needs too: one exp for both, and no branch (libdevice's erf left the kernels bound by their
+    instructions, above)."""
     t = 1.0 / (1.0 + P * tl.abs(h) * 0.7071067811865476)
     density = tl.exp(-0.5 * h * h)
     erf_abs = 1.0 - t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5)))) * density
