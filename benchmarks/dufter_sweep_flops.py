@@ -58,20 +58,32 @@ def trained_ids():
     return [run_id for run_id in dict.fromkeys(TABLE1_IDS + TABLE2_IDS) if not RUNS[run_id].untrained]
 
 
-def sweep_flops(lengths, schedule, seeds):
-    """{"useful", "padded"} FLOPs of the sweep and the BERT-base runs' share of the padded ones."""
-    spec = SCHEDULES[schedule]
-    real, sorted_padding = epoch_positions(lengths, spec.batch_size)
+def padded_draws(lengths, batch_size, attend_padding):
+    """The positions of each sequence in the epochs that count: one epoch of length-sorted batches, or
+    RANDOM_EPOCHS epochs of random mixed batches when they attend to padding."""
+    if not attend_padding:
+        return [epoch_positions(lengths, batch_size)[1]]
     generator = np.random.default_rng(0)
-    draws = ([random_epoch_positions(lengths, spec.batch_size, generator)[1] for _ in range(RANDOM_EPOCHS)]
-             if spec.attend_padding else [sorted_padding])
+    return [random_epoch_positions(lengths, batch_size, generator)[1] for _ in range(RANDOM_EPOCHS)]
+
+
+def sweep_flops(lengths, schedule, seeds):
+    """{"useful", "padded"} FLOPs of the sweep and the BERT-base runs' share of the padded ones. Under a schedule
+    whose overparam runs accumulate micro-batches, theirs are padded to each micro-batch's longest sentence, as
+    fairseq-train runs each micro-batch by itself (micro-batches of random mixed batches are random too)."""
+    spec = SCHEDULES[schedule]
+    real = np.sort(np.asarray(lengths))
+    draws = padded_draws(lengths, spec.batch_size, spec.attend_padding)
+    micro_draws = (padded_draws(lengths, spec.overparam_micro_batch, spec.attend_padding)
+                   if spec.overparam_micro_batch else draws)
     total = {"useful": 0.0, "padded": 0.0, "bert_base": 0.0}
     for run_id in trained_ids():
         model = BERT_BASE if "xmlm_bert_base" in RUNS[run_id].flags else BERT_SMALL
         # no-parallel: each sentence in one language, twice the epochs: the same sequences in all
         epochs = EPOCHS * spec.epoch_factor * seeds
         useful = epochs * float(sequence_flops(real, **model).sum())
-        executed = epochs * float(np.mean([sequence_flops(draw, **model).sum() for draw in draws]))
+        run_draws = micro_draws if RUNS[run_id].overparam else draws
+        executed = epochs * float(np.mean([sequence_flops(draw, **model).sum() for draw in run_draws]))
         total["useful"] += useful
         total["padded"] += executed
         if model is BERT_BASE:

@@ -47,3 +47,15 @@ def test_random_mixed_batches_pad_each_sequence_to_its_batchs_longest_and_more_t
              for name in ("paper-code", "paper-code-padding-specials")}
     assert flops["paper-code"]["useful"] == flops["paper-code-padding-specials"]["useful"]
     assert flops["paper-code-padding-specials"]["padded"] > 1.2 * flops["paper-code"]["padded"]
+
+
+def test_overparam_micro_batches_pad_only_the_bert_base_runs_less():
+    """paper-code-micro-batches pads the overparam runs to each micro-batch of 16's longest sentence, the others as
+    paper-code-padding-specials does."""
+    lengths = (5 + np.random.default_rng(2).lognormal(3, 0.5, size=2000)).astype(int)  # a long tail, as sentences
+    flops = {name: dufter_sweep_flops.sweep_flops(lengths, name, seeds=1)
+             for name in ("paper-code-padding-specials", "paper-code-micro-batches")}
+    whole, micro = flops["paper-code-padding-specials"], flops["paper-code-micro-batches"]
+    assert micro["useful"] == whole["useful"]
+    assert micro["bert_base"] < 0.8 * whole["bert_base"]
+    assert micro["padded"] - micro["bert_base"] == pytest.approx(whole["padded"] - whole["bert_base"])
