@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import fairseq_train
 from fairseq_xmlm.models.partially_shared_roberta import TransformerLayer
 from fairseq_xmlm.models.residual_products import linear_products
-from conftest import fairseq_train
 
 
 def parameters(count, dim=6, out=5, bias=True, seed=0):
