@@ -5,6 +5,7 @@ arguments (stock fairseq's and ours, on synthetic data or Dufter's), and Dufter'
 Every script writes its figures to the folder given by --out; none is a test (the tests under tests/ check what the
 scripts compute on the CPU, and tests/gpu/ the GPU paths' results).
 """
+import argparse
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -403,6 +405,25 @@ def graph_ms(function, repeats):
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / 3 / repeats
+
+
+def run_kernel_benchmark(doc, name, measure, argv=None, **fields):
+    """A kernel benchmark's command line (`--out DIR`, `--repeats`): on a CUDA GPU, rows = measure(repeats) (a dict
+    of rows by name), written with `fields`, the card and torch's version to DIR/<name>.json; exit status 2 with one
+    error line elsewhere."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=100)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"error: {name}.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = measure(args.repeats)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, **fields, "repeats": args.repeats,
+              "results": rows, "argv": sys.argv[1:] if argv is None else list(argv)}
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
 
 
 def synchronise(device):

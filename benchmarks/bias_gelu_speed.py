@@ -14,15 +14,12 @@ from Python one at a time would time the host). The rows:
   output's gradient and x, writes x's gradient (3 tensors).
 Prints a table; writes DIR/bias_gelu_speed.json. Not a test.
 """
-import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from _common import graph_ms
+from _common import graph_ms, run_kernel_benchmark
 from fairseq_xmlm.models import bias_gelu
 
 ROWS, DIM = 96 * 256, 3072
@@ -71,28 +68,21 @@ def our_rows(x, bias, grad, repeats):
     return rows
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=100)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: bias_gelu_speed.py needs a CUDA GPU", file=sys.stderr)
-        return 2
+def measure(repeats):
     generator = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(ROWS, DIM, generator=generator, device="cuda").to(torch.bfloat16)
     bias = torch.randn(DIM, generator=generator, device="cuda").to(torch.bfloat16)
     grad = torch.randn(ROWS, DIM, generator=generator, device="cuda").to(torch.bfloat16)
-    rows = reference_rows(x, bias, grad, args.repeats)
-    rows.update(our_rows(x, bias, grad, args.repeats))
+    rows = reference_rows(x, bias, grad, repeats)
+    rows.update(our_rows(x, bias, grad, repeats))
     for name, row in rows.items():
         print(f"{name:64s} {row['ms'] * 1e3:7.1f} us  {row['tb_per_s']:5.2f} TB/s", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": ROWS, "dim": DIM,
-              "dtype": "bf16", "repeats": args.repeats, "timing": "CUDA graph of repeats calls", "results": rows,
-              "argv": sys.argv[1:]}
-    (args.out / "bias_gelu_speed.json").write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return rows
+
+
+def main(argv=None):
+    return run_kernel_benchmark(__doc__, "bias_gelu_speed", measure, argv, rows=ROWS, dim=DIM, dtype="bf16",
+                                timing="CUDA graph of repeats calls")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,12 @@ CUDA graph and replayed, timed with CUDA events (`_common.graph_ms`: the host's 
 - the memory traffic each needs (bytes read and written) over its time, against the card's bandwidth.
 Prints a table; writes DIR/dropout_norm_speed.json. Not a test.
 """
-import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from _common import graph_ms
+from _common import graph_ms, run_kernel_benchmark
 from fairseq_xmlm.models import dropout_norm
 
 ROWS, DIM, DROPOUT = 96 * 256, 768, 0.1
@@ -76,14 +73,7 @@ def our_rows(tensors, grad, repeats, bytes_per_value):
     return rows
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=100)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: dropout_norm_speed.py needs a CUDA GPU", file=sys.stderr)
-        return 2
+def measure(repeats):
     generator = torch.Generator(device="cuda").manual_seed(0)
     dtype = torch.bfloat16
 
@@ -91,16 +81,16 @@ def main(argv=None):
         return torch.randn(*shape, generator=generator, device="cuda").to(dtype).requires_grad_()
     tensors = (random(ROWS, DIM), random(DIM), random(ROWS, DIM), random(DIM), random(DIM))
     grad = torch.randn(ROWS, DIM, generator=generator, device="cuda").to(dtype)
-    rows = inductor_rows(tensors, grad, args.repeats)
-    rows.update(our_rows(tensors, grad, args.repeats, 2))
+    rows = inductor_rows(tensors, grad, repeats)
+    rows.update(our_rows(tensors, grad, repeats, 2))
     for name, row in rows.items():
         print(f"{name:60s} " + "  ".join(f"{key} {value:.4f}" for key, value in row.items()), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": ROWS, "dim": DIM,
-              "dropout": DROPOUT, "dtype": "bf16", "repeats": args.repeats, "results": rows,
-              "argv": sys.argv[1:]}
-    (args.out / "dropout_norm_speed.json").write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return rows
+
+
+def main(argv=None):
+    return run_kernel_benchmark(__doc__, "dropout_norm_speed", measure, argv, rows=ROWS, dim=DIM, dropout=DROPOUT,
+                                dtype="bf16")
 
 
 if __name__ == "__main__":
