@@ -38,17 +38,17 @@ def updates(events, side="gpu_user_annotation"):
 
 
 def gaps_of(work, start, end):
-    """(busy us, kernel count, [(gap us, the work item after it)]) of the GPU work inside [start, end]."""
+    """(the GPU work items starting inside [start, end], their busy us, [(gap us, the work item after it)])."""
     inside = [w for w in work if start <= w["ts"] <= end]
     if not inside:
-        return 0.0, 0, []
+        return inside, 0.0, []
     busy, gaps, until = 0.0, [], inside[0]["ts"]
     for item in inside:
         if item["ts"] > until:
             gaps.append((item["ts"] - until, item))
         busy += max(0.0, item["ts"] + item["dur"] - max(until, item["ts"]))  # overlap counted once
         until = max(until, item["ts"] + item["dur"])
-    return busy, len(inside), gaps
+    return inside, busy, gaps
 
 
 def summarise(events):
@@ -60,14 +60,14 @@ def summarise(events):
     calls = {}  # kernel name: [calls, us]
     by_length, by_launch = {label: [0, 0.0] for _, label in LENGTHS}, {}
     for step in steps:
-        busy, count, gaps = gaps_of(work, step["ts"], step["ts"] + step["dur"])
-        for item in (w for w in work if step["ts"] <= w["ts"] <= step["ts"] + step["dur"]):
+        inside, busy, gaps = gaps_of(work, step["ts"], step["ts"] + step["dur"])
+        for item in inside:
             row = calls.setdefault(item["name"], [0, 0.0])
             row[0] += 1
             row[1] += item["dur"]
         totals["span"] += step["dur"]
         totals["busy"] += busy
-        totals["kernels"] += count
+        totals["kernels"] += len(inside)
         for gap, after in gaps:
             totals["gaps"] += gap
             label = next(label for limit, label in LENGTHS if gap < limit)
