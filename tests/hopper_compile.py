@@ -14,19 +14,21 @@ from fairseq_xmlm.packed import attention_kernels
 POINTERS = {"code": "*i8", "seed_at": "*i64", "lse": "*fp32", "kept": "*i32", "mean": "*fp32", "rstd": "*fp32",
             "partial_bias": "*fp32", "partial_weight": "*fp32", "partial_norm_bias": "*fp32",
             "partials": "*fp32", "master": "*fp32", "exp_avg": "*fp32", "exp_avg_sq": "*fp32", "factor_at": "*fp32",
-            "skip_at": "*fp32", "step_at": "*fp32"}  # the rest: *bf16
+            "skip_at": "*fp32", "step_at": "*fp32", "tensor_of_block": "*i32", "start_of_block": "*i64",
+            "tensor_offsets": "*i64", "tensor_sizes": "*i64"}  # the rest: *bf16
 NUMBERS = {name: "fp32" for name in ("scale", "rescale", "eps", "lr", "beta1", "beta2", "log2_beta1", "log2_beta2",
                                      "weight_decay")}  # the rest: i32
 
 
-def compile_for_hopper(kernel, constants, warps, pointers):
+def compile_for_hopper(kernel, constants, warps, pointers, types=None):
+    """`types`: pointer types of this kernel's own, beside POINTERS."""
     signature = {name: "constexpr" if name in constants else NUMBERS.get(name, "i32") for name in kernel.arg_names}
-    signature.update({name: POINTERS.get(name, "*bf16") for name in pointers if name in signature})
+    signature.update({name: {**POINTERS, **(types or {})}.get(name, "*bf16") for name in pointers if name in signature})
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     options = " ".join(f"{name}={value}" for name, value in constants.items()
-                       if name in ("BLOCK", "TURNS", "PROGRAMS", "WIDE", "EVEN"))
+                       if name in ("BLOCK", "TURNS", "PROGRAMS", "WIDE", "EVEN", "GATHER"))
     print(f"{kernel.__name__} {options}: sm_90, {compiled.metadata.shared} bytes of shared memory")
 
 
@@ -54,5 +56,9 @@ for wide, even in ((False, True), (True, False)):  # the Conneau config's tiles;
     compile_for_hopper(bias_gelu._gelu_backward_kernel, dict(gelu, TURNS=35, WIDE=wide), bias_gelu.WARPS,
                        GELU_POINTERS)
 
-compile_for_hopper(master_step._adamw_kernel, {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True}, 8,
-                   ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at"))
+for gather in (False, True):  # the flat gradient; the table of the gradients' addresses
+    compile_for_hopper(master_step._adamw_kernel,
+                       {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True, "GATHER": gather}, 8,
+                       ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at",
+                        "tensor_of_block", "start_of_block", "tensor_offsets", "tensor_sizes"),
+                       {"grad": "*i64" if gather else "*bf16"})

@@ -8,7 +8,7 @@ from fairseq.optim import build_optimizer
 from omegaconf import OmegaConf
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.optim.master_step import BLOCK
+from fairseq_xmlm.optim.master_step import BLOCK, ParameterBlocks, fused_adamw_step
 
 # sizes around the kernel's block, so that a program's tail is masked
 SHAPES = [(BLOCK // 64, 33), (7,), (3, 5, 2)]
@@ -116,3 +116,53 @@ def test_checkpoints_pass_between_the_fused_and_the_unfused_step():
 def test_fused_master_step_needs_low_precision_parameters():
     with pytest.raises(XmlmError, match="--fused-master-step needs low-precision parameters"):
         adamw(True, [torch.nn.Parameter(torch.zeros(3))])
+
+
+def one_fused_step(grad, blocks, master, skip=None):
+    """A fused step of a fresh AdamW on a copy of `master`: (master, exp_avg_sq, bf16 weights) after it."""
+    master = master.clone()
+    optimizer = torch.optim.AdamW([master], lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
+    optimizer.defaults["fused"] = True  # the step count kept as a tensor beside the weights, as the fused one does
+    weights = torch.empty_like(master, dtype=torch.bfloat16)
+    fused_adamw_step(optimizer, master, grad, weights, 0.5, torch.tensor(0.25, device=master.device), skip, blocks)
+    return master, optimizer.state[master]["exp_avg_sq"], weights
+
+
+def test_the_step_reads_each_gradient_where_it_lies_as_it_reads_the_flat_gradient():
+    generator = torch.Generator().manual_seed(3)
+    shapes = SHAPES + [(BLOCK,), (2 * BLOCK + 5,), (1,)]  # a parameter of three blocks, the last one masked
+    grads = [torch.randn(shape, generator=generator).bfloat16() for shape in shapes]
+    master = torch.randn(sum(g.numel() for g in grads), generator=generator)
+    flat = one_fused_step(torch.cat([g.reshape(-1) for g in grads]), None, master)
+    blocks = ParameterBlocks([g.numel() for g in grads], master.device)
+    assert blocks.programs == sum(-(-g.numel() // BLOCK) for g in grads)  # no block spans two parameters
+    in_place = one_fused_step(grads, blocks, master)
+    for got, expected in zip(in_place, flat):
+        assert torch.equal(got, expected)
+    assert not torch.equal(flat[0], master)  # the step moved every element
+
+
+def test_the_table_of_gradient_addresses_is_made_once_per_set_of_addresses():
+    grads = [torch.zeros(5), torch.zeros(7)]
+    blocks = ParameterBlocks([5, 7], grads[0].device)
+    table = blocks.address_table(grads)
+    assert table.tolist() == [g.data_ptr() for g in grads]
+    assert blocks.address_table(grads) is table
+    moved = [grads[0], torch.zeros(7)]
+    assert blocks.address_table(moved).tolist() == [g.data_ptr() for g in moved]
+
+
+def test_missing_and_strided_gradients_step_as_zeros_and_as_their_values():
+    start, grads = random_updates(2)
+    grads[1][0] = grads[1][0].t().contiguous().t()  # the same values, not contiguous
+    expected, _, _ = run_updates(False, torch.bfloat16, start, grads, 0.0)
+    got, _, _ = run_updates(True, torch.bfloat16, start, grads, 0.0)
+    for p, q in zip(got, expected):
+        torch.testing.assert_close(p.data, q.data, rtol=2 ** -7, atol=0)
+    params = [torch.nn.Parameter(p.clone().bfloat16()) for p in start]
+    optimizer = adamw(True, params)
+    params[0].grad = grads[0][0].bfloat16()  # the other parameters get none
+    optimizer.clip_grad_norm(0.0)
+    optimizer.step_unless_nonfinite(torch.tensor(1.0))
+    moments = optimizer.optimizer.state[optimizer.master.master]["exp_avg"]
+    assert moments[params[0].numel():].count_nonzero() == 0 and moments[:params[0].numel()].count_nonzero() > 0
