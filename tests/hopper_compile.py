@@ -58,7 +58,8 @@ for wide, even in ((False, True), (True, False)):  # the Conneau config's tiles;
 
 for gather in (False, True):  # the flat gradient; the table of the gradients' addresses
     compile_for_hopper(master_step._adamw_kernel,
-                       {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True, "GATHER": gather}, 8,
+                       {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True, "GATHER": gather,
+                        "ALIGN": master_step.ALIGN}, 8,
                        ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at",
                         "tensor_of_block", "start_of_block", "tensor_offsets", "tensor_sizes"),
                        {"grad": "*i64" if gather else "*bf16"})

@@ -8,10 +8,12 @@ from fairseq.optim import build_optimizer
 from omegaconf import OmegaConf
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.optim.master_step import BLOCK, ParameterBlocks, fused_adamw_step
+from fairseq_xmlm.optim.master_step import ALIGN, BLOCK, ParameterBlocks, fused_adamw_step
 
-# sizes around the kernel's block, so that a program's tail is masked
+# sizes around the kernel's block, so that a program's tail is masked; the step reads these gradients gathered into
+# the flat gradient, and FITTING ones (multiples of ALIGN) where they lie
 SHAPES = [(BLOCK // 64, 33), (7,), (3, 5, 2)]
+FITTING = [(BLOCK // 64, 33), (8,), (3, 5, 8), (2 * BLOCK + 5,)]  # the last of any size
 
 
 def adamw(fused_master_step, params):
@@ -41,25 +43,27 @@ def run_updates(fused_master_step, dtype, start, grads, clip_norm, skipped=()):
     return params, norms, optimizer
 
 
-def random_updates(count, scale=1.0, seed=0):
+def random_updates(count, scale=1.0, seed=0, shapes=SHAPES):
     generator = torch.Generator().manual_seed(seed)
-    start = [torch.randn(shape, generator=generator) for shape in SHAPES]
-    grads = [[scale * torch.randn(shape, generator=generator) for shape in SHAPES] for _ in range(count)]
+    start = [torch.randn(shape, generator=generator) for shape in shapes]
+    grads = [[scale * torch.randn(shape, generator=generator) for shape in shapes] for _ in range(count)]
     return start, grads
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("clip_norm", [0.0, 0.5])
-def test_fused_master_step_takes_the_unfused_steps(dtype, clip_norm):
-    start, grads = random_updates(4)
+@pytest.mark.parametrize("shapes", [SHAPES, FITTING], ids=["gathered", "in_place"])
+def test_fused_master_step_takes_the_unfused_steps(dtype, clip_norm, shapes):
+    start, grads = random_updates(4, shapes=shapes)
     expected_params, expected_norms, expected = run_updates(False, dtype, start, grads, clip_norm)
     got_params, got_norms, got = run_updates(True, dtype, start, grads, clip_norm)
+    assert (got.master.gradients is not None) == (shapes is FITTING)  # read where they lie
     assert got_norms == pytest.approx(expected_norms, rel=1e-5)
     if clip_norm:
         assert max(got_norms) > clip_norm  # the clipping factor was applied, not only computed
     expected_state, got_state = (o.optimizer.state[o.master.master] for o in (expected, got))
     for key in ("exp_avg", "exp_avg_sq"):
-        torch.testing.assert_close(got_state[key], expected_state[key], rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(got_state[key], expected_state[key], rtol=1e-5, atol=1e-7)
     assert float(got_state["step"]) == float(expected_state["step"]) == 4
     torch.testing.assert_close(got.master.master, expected.master.master, rtol=1e-6, atol=1e-7)
     for p, q in zip(got_params, expected_params):
@@ -130,7 +134,7 @@ def one_fused_step(grad, blocks, master, skip=None):
 
 def test_the_step_reads_each_gradient_where_it_lies_as_it_reads_the_flat_gradient():
     generator = torch.Generator().manual_seed(3)
-    shapes = SHAPES + [(BLOCK,), (2 * BLOCK + 5,), (1,)]  # a parameter of three blocks, the last one masked
+    shapes = [(BLOCK,)] + FITTING  # whole blocks, and a parameter of three blocks, the last one masked
     grads = [torch.randn(shape, generator=generator).bfloat16() for shape in shapes]
     master = torch.randn(sum(g.numel() for g in grads), generator=generator)
     flat = one_fused_step(torch.cat([g.reshape(-1) for g in grads]), None, master)
@@ -152,8 +156,21 @@ def test_the_table_of_gradient_addresses_is_made_once_per_set_of_addresses():
     assert blocks.address_table(moved).tolist() == [g.data_ptr() for g in moved]
 
 
+def test_only_sizes_and_addresses_on_16_bytes_are_read_in_place():
+    assert ParameterBlocks.fits([ALIGN, 3 * ALIGN + 1]) and not ParameterBlocks.fits([ALIGN + 1, ALIGN])
+    flat = torch.zeros(3 * ALIGN)
+    assert ParameterBlocks.aligned([flat[:ALIGN], flat[ALIGN:]]) and not ParameterBlocks.aligned([flat[1:]])
+    start, grads = random_updates(1, shapes=FITTING)
+    params = [torch.nn.Parameter(p.clone().bfloat16()) for p in start]
+    optimizer = adamw(True, params)
+    for p, g in zip(params, grads[0]):
+        p.grad = torch.cat([torch.zeros(1), g.reshape(-1)]).bfloat16()[1:].view_as(p)  # 2 bytes past a block
+    optimizer.clip_grad_norm(0.0)
+    assert optimizer.master.gradients is None  # gathered flat
+
+
 def test_missing_and_strided_gradients_step_as_zeros_and_as_their_values():
-    start, grads = random_updates(2)
+    start, grads = random_updates(2, shapes=FITTING)
     grads[1][0] = grads[1][0].t().contiguous().t()  # the same values, not contiguous
     expected, _, _ = run_updates(False, torch.bfloat16, start, grads, 0.0)
     got, _, _ = run_updates(True, torch.bfloat16, start, grads, 0.0)
@@ -163,6 +180,7 @@ def test_missing_and_strided_gradients_step_as_zeros_and_as_their_values():
     optimizer = adamw(True, params)
     params[0].grad = grads[0][0].bfloat16()  # the other parameters get none
     optimizer.clip_grad_norm(0.0)
+    assert optimizer.master.gradients is not None
     optimizer.step_unless_nonfinite(torch.tensor(1.0))
     moments = optimizer.optimizer.state[optimizer.master.master]["exp_avg"]
     assert moments[params[0].numel():].count_nonzero() == 0 and moments[:params[0].numel()].count_nonzero() > 0

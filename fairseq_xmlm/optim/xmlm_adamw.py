@@ -74,7 +74,8 @@ class FlatMasterWeights:
 
     `parameters_as_views` (the fused master step): the parameters' storage becomes the flat low-precision weights,
     which the step writes directly, and the gradient stays in low precision (no fp32 copy of it is made); for one
-    process the step reads it where autograd left it (`gradients`, laid out by `blocks`), not gathered flat."""
+    process the step reads it where autograd left it (`gradients`, laid out by `blocks`), not gathered flat, where
+    the parameters' sizes and the gradients' addresses allow 16-byte reads (`ParameterBlocks.fits`, `aligned`)."""
 
     def __init__(self, params, parameters_as_views=False):
         self.params = params
@@ -91,7 +92,8 @@ class FlatMasterWeights:
                 torch._foreach_copy_(self.weight_views, params)
             for p, view in zip(params, self.weight_views):
                 p.data = view
-        self.blocks = ParameterBlocks(sizes, self.master.device) if parameters_as_views else None
+        self.blocks = ParameterBlocks(sizes, self.master.device) if parameters_as_views and ParameterBlocks.fits(
+            sizes) else None
         self.gradients = None
         self.gathered = False
 
@@ -103,8 +105,9 @@ class FlatMasterWeights:
         if self.gathered:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if self.parameters_as_views and process_group is None:
-            self.gradients = [g.contiguous() for g in grads]
+        grads = [g.contiguous() for g in grads]
+        if self.blocks is not None and process_group is None and ParameterBlocks.aligned(grads):
+            self.gradients = grads
         else:
             torch.cat([g.reshape(-1) for g in grads], out=self.low_precision_grad)
             if process_group is not None:
