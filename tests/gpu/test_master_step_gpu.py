@@ -64,7 +64,8 @@ def test_xmlm_train_with_the_fused_step_and_one_graph_for_the_encoder_logs_the_p
 
 def test_the_compiled_step_reads_each_gradient_where_it_lies_as_it_reads_the_flat_gradient():
     torch.manual_seed(1)
-    grads = [torch.randn(shape, device="cuda").bfloat16() for shape in [(3000, 7), (8,), (4096,), (5, 5)]]  # the last of any size
+    shapes = [(3000, 7), (8,), (4096,), (5, 5)]  # the last of any size
+    grads = [torch.randn(shape, device="cuda").bfloat16() for shape in shapes]
     master = torch.randn(sum(g.numel() for g in grads), device="cuda")
     blocks = ParameterBlocks([g.numel() for g in grads], master.device)
     flat, in_place = (one_fused_step(grad, with_blocks, master, torch.zeros((), device="cuda"))
