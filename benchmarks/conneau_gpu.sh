@@ -5,7 +5,7 @@
 # loss curves beside the fp32 and fp16 ones kept in docs/results/precision_curves), profile (where an update of the
 # bf16 path spends its time), rows (C: the Sep rows against Default). A part whose result is in OUT is skipped, so
 # the same command goes on where an interrupted one stopped; a part that fails says so and the next one runs.
-# BENCH_VARIANTS picks the speed part's variants of ours (default: the four below), BENCH_ROWS the rows beside
+# BENCH_VARIANTS picks the speed part's variants of ours (default: the three below), BENCH_ROWS the rows beside
 # Default.
 # Needs the Default row's en-fr data for the curves:
 #   python -m fairseq_xmlm.experiments.conneau paper --pairs en-fr --rows default --prepare-only \
@@ -20,10 +20,8 @@ wanted() { [[ ",$parts," == *",$1,"* ]]; }
 bf16=bf16_params_cudagraphs_cudnn_xmlm_train
 # --bf16-params --fused-dropout-norm --fused-master-step --fused-bias-gelu: the fastest
 fused=bf16_params_fused_norm_step_gelu_cudagraphs_cudnn_xmlm_train
-# the same with --residual-grad-in-products, a candidate
-candidate=bf16_params_fused_norm_step_gelu_residual_cudagraphs_cudnn_xmlm_train
-fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,$bf16,$fused,$candidate}
-profiled=conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_$bf16,conneau_ours_$fused,conneau_ours_$candidate
+fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,$bf16,$fused}
+profiled=conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_$bf16,conneau_ours_$fused
 
 if wanted gpu-tests && [ ! -e "$out/gpu_tests.log" ]; then
     TRITON_INTERPRET=0 python3 -m pytest -q tests/gpu -m gpu -p no:cacheprovider > "$out/gpu_tests.part" 2>&1 || true

@@ -27,7 +27,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.models.bias_gelu import bias_gelu
 from fairseq_xmlm.models.dropout_norm import dropout_add_layer_norm
-from fairseq_xmlm.models.residual_products import linear_products
 from fairseq_xmlm.precision import bf16_autocast
 
 
@@ -84,12 +83,6 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
                           "kernels read them twice and compute GELU again; for --activation-fn gelu with no "
                           "--activation-dropout"},
     )
-    residual_grad_in_products: bool = field(
-        default=False,
-        metadata={"help": "the gradient of a layer's input, which feeds products and the residual sum, added up in "
-                          "the products' input-gradient GEMMs (cuBLAS's epilogue), not in a kernel of its own: two "
-                          "adds a layer fewer (models/residual_products.py); not under --amp-bf16"},
-    )
     cudnn_attention: bool = field(
         default=False,
         metadata={"help": "attention through cuDNN's fused kernel first (flash / memory-efficient if it cannot): "
@@ -141,23 +134,21 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, keep):
         """x (B, T, D); keep (B, 1, 1, T) bool, True for real (non-pad) keys."""
-        return self.out(self.attend(x, keep)[0])
+        return self.out(self.attend(x, keep))
 
-    def attend(self, x, keep, residual_grad_in_products=False):
-        """(The heads' outputs side by side (B, T, D), before the output product; x for the residual sum, through the
-        products with `residual_grad_in_products`)."""
+    def attend(self, x, keep):
+        """The heads' outputs side by side (B, T, D), before the output product."""
         b, t, d = x.shape
         # Three products with slices of the fused weight, not one product split afterwards: the attention kernel
         # then returns each gradient in the layout its product needs, where the split's backward stacks and
         # transposes the whole (B, T, 3D) gradient (two extra passes, ~0.4 ms per layer on an H100 at the Conneau
         # config). The parameters (and checkpoints) stay one `qkv` layer.
-        products, residual = linear_products(x, self.qkv.weight.chunk(3), self.qkv.bias.chunk(3),
-                                             residual_grad_in_products)
-        q, k, v = (p.view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in products)
+        q, k, v = (F.linear(x, weight, bias).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for weight, bias in zip(self.qkv.weight.chunk(3), self.qkv.bias.chunk(3)))
         with sdpa_kernel(CUDNN_FIRST, set_priority=True) if self.cudnn else nullcontext():
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
                                                dropout_p=self.dropout if self.training else 0.0)
-        return y.transpose(1, 2).reshape(b, t, d), residual
+        return y.transpose(1, 2).reshape(b, t, d)
 
 
 class TransformerLayer(nn.Module):
@@ -179,19 +170,14 @@ class TransformerLayer(nn.Module):
         self.fused_dropout_norm = getattr(cfg, "fused_dropout_norm", False)
         self.fused_bias_gelu = (getattr(cfg, "fused_bias_gelu", False) and cfg.activation_fn == "gelu"
                                 and not getattr(cfg, "activation_dropout", 0.0))
-        self.residual_grad_in_products = getattr(cfg, "residual_grad_in_products", False)
 
     def forward(self, x, keep):
-        heads, residual = self.attention.attend(x, keep, self.residual_grad_in_products)
-        x = self.add_and_norm(heads, self.attention.out, residual, self.attention_norm)
-        fused_gelu = self.fused_bias_gelu and x.is_cuda  # the product's bias added in our kernel
-        (product,), residual = linear_products(x, [self.ffn_in.weight], [None if fused_gelu else self.ffn_in.bias],
-                                               self.residual_grad_in_products)
-        if fused_gelu:
-            hidden = bias_gelu(product, self.ffn_in.bias)
+        x = self.add_and_norm(self.attention.attend(x, keep), self.attention.out, x, self.attention_norm)
+        if self.fused_bias_gelu and x.is_cuda:  # the product's bias added in our kernel
+            hidden = bias_gelu(F.linear(x, self.ffn_in.weight), self.ffn_in.bias)
         else:
-            hidden = self.activation_dropout(self.activation(product))
-        return self.add_and_norm(hidden, self.ffn_out, residual, self.ffn_norm)
+            hidden = self.activation_dropout(self.activation(self.ffn_in(x)))
+        return self.add_and_norm(hidden, self.ffn_out, x, self.ffn_norm)
 
     def add_and_norm(self, branch, product, residual, norm):
         """norm(residual + dropout(product(branch))): in our kernels with `--fused-dropout-norm` on a GPU (the
