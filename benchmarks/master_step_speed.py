@@ -7,11 +7,13 @@ The parameters are the Conneau config's (8 layers of 768, feed-forward 3,072, th
 bf16, each gradient a tensor of its own as autograd leaves them. Each row is `repeats` calls captured in one CUDA
 graph and replayed, timed with CUDA events (the host's launches are not in the figures). The rows:
 - `gather`: the gradients copied into the flat gradient (`torch.cat`, as `FlatMasterWeights` does for several ranks);
+  `gather, multi-tensor copy`: the same copies as one `torch._foreach_copy_` into views of the flat gradient;
 - `norm, flat` and `norm, in place`: the gradient's 2-norm that clipping takes, from the flat gradient and from the
   gradients where they lie (`torch._foreach_norm`);
 - `step, flat` and `step, in place`: our AdamW kernel reading the flat gradient, and reading each gradient through
   the table of their addresses;
-- `update, flat` and `update, in place`: gather (flat only), norm and step, what an update spends in them.
+- `update, flat`, `update, flat, multi-tensor copy` and `update, in place`: gather (flat only), norm and step, what
+  an update spends in them.
 Prints a table; writes DIR/master_step_speed.json. Not a test.
 """
 import sys
@@ -26,7 +28,7 @@ def parameter_shapes(layers, dim, ffn, tokens, vocab, **_):
     """The shapes of a `partially_shared_roberta` model's parameters, Default row."""
     layer = [(3 * dim, dim), (3 * dim,), (dim, dim), (dim,), (dim,), (dim,),
              (ffn, dim), (ffn,), (dim, ffn), (dim,), (dim,), (dim,)]
-    return [(vocab, dim), (tokens + 2, dim), (dim,), (dim,)] + layer * layers + [(dim, dim), (dim,), (dim,), (dim,),
+    return [(vocab, dim), (tokens, dim), (dim,), (dim,)] + layer * layers + [(dim, dim), (dim,), (dim,), (dim,),
                                                                                   (vocab,)]
 
 
@@ -45,6 +47,11 @@ def measure(repeats):
     def gather():
         torch.cat([g.reshape(-1) for g in grads], out=flat)
 
+    flat_views = [view.view_as(g) for view, g in zip(flat.split(sizes), grads)]
+
+    def gather_multi_tensor():
+        torch._foreach_copy_(flat_views, grads)
+
     def norm_flat():
         return torch.linalg.vector_norm(flat, dtype=torch.float32)
 
@@ -62,19 +69,27 @@ def measure(repeats):
         norm_flat()
         step_flat()
 
+    def update_flat_multi_tensor():
+        gather_multi_tensor()
+        norm_flat()
+        step_flat()
+
     def update_in_place():
         norm_in_place()
         step_in_place()
     rows = {name: {"ms": graph_ms(function, repeats)} for name, function in (
-        ("gather", gather), ("norm, flat", norm_flat), ("norm, in place", norm_in_place), ("step, flat", step_flat),
-        ("step, in place", step_in_place), ("update, flat", update_flat), ("update, in place", update_in_place))}
+        ("gather", gather), ("gather, multi-tensor copy", gather_multi_tensor), ("norm, flat", norm_flat),
+        ("norm, in place", norm_in_place), ("step, flat", step_flat), ("step, in place", step_in_place),
+        ("update, flat", update_flat), ("update, flat, multi-tensor copy", update_flat_multi_tensor),
+        ("update, in place", update_in_place))}
     # bytes an element: the step reads the bf16 gradient and 3 fp32 tensors, writes those and the bf16 weights
-    moved = {"gather": 4, "norm, flat": 2, "norm, in place": 2, "step, flat": 28, "step, in place": 28}
+    moved = {"gather": 4, "gather, multi-tensor copy": 4, "norm, flat": 2, "norm, in place": 2, "step, flat": 28,
+             "step, in place": 28}
     for name, row in rows.items():
         if name in moved:
             row["tb_per_s"] = moved[name] * master.numel() / row["ms"] / 1e9
         rate = f"  {row['tb_per_s']:5.2f} TB/s" if name in moved else ""
-        print(f"{name:20s} {row['ms'] * 1e3:7.1f} us{rate}", flush=True)
+        print(f"{name:32s} {row['ms'] * 1e3:7.1f} us{rate}", flush=True)
     return rows
 
 

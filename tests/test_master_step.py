@@ -1,6 +1,8 @@
 """xmlm_adamw's `--fused-master-step` (`optim/master_step.py`), its kernel run by Triton's interpreter on the CPU
 (conftest sets TRITON_INTERPRET=1), against the unfused path: torch's AdamW over the flat fp32 master weights."""
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -184,3 +186,15 @@ def test_missing_and_strided_gradients_step_as_zeros_and_as_their_values():
     optimizer.step_unless_nonfinite(torch.tensor(1.0))
     moments = optimizer.optimizer.state[optimizer.master.master]["exp_avg"]
     assert moments[params[0].numel():].count_nonzero() == 0 and moments[:params[0].numel()].count_nonzero() > 0
+
+
+def test_the_step_benchmark_times_the_parameters_of_the_model():
+    """benchmarks/master_step_speed.py's parameters are the Default row's, shapes in the model's order."""
+    import test_model
+    benchmarks = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    import master_step_speed
+    shapes = master_step_speed.parameter_shapes(layers=test_model.LAYERS, dim=test_model.D, ffn=test_model.FFN,
+                                                tokens=test_model.T, vocab=test_model.V)
+    assert shapes == [tuple(p.shape) for p in test_model.make_model().parameters()]
