@@ -3,7 +3,8 @@
 #   bash benchmarks/conneau_gpu.sh OUT [PARTS]
 # PARTS (comma-separated, default all): gpu-tests, speed (B: stock against our fastest variants), curves (the bf16
 # loss curves beside the fp32 and fp16 ones kept in docs/results/precision_curves), profile (where an update of the
-# bf16 path spends its time), rows (C: the Sep rows against Default). A part whose result is in OUT is skipped, so
+# bf16 path spends its time), rows (C: the Sep rows against Default), kernels (our kernels alone: GELU, dropout +
+# LayerNorm, the master step). A part whose result is in OUT is skipped, so
 # the same command goes on where an interrupted one stopped; a part that fails says so and the next one runs.
 # BENCH_VARIANTS picks the speed part's variants of ours (default: the three below), BENCH_ROWS the rows beside
 # Default.
@@ -13,8 +14,8 @@
 # The GPU tests read the test Bibles from $XMLM_CACHE/tests/bible-<key> (a machine with no network cannot fetch
 # them: copy that folder from a machine whose test suite has run, and set XMLM_CACHE).
 set -euo pipefail
-out=${1:?usage: bash benchmarks/conneau_gpu.sh OUT [gpu-tests,speed,curves,profile,rows]}
-parts=${2:-gpu-tests,speed,curves,profile,rows}
+out=${1:?usage: bash benchmarks/conneau_gpu.sh OUT [gpu-tests,speed,curves,profile,rows,kernels]}
+parts=${2:-gpu-tests,speed,curves,profile,rows,kernels}
 mkdir -p "$out"
 wanted() { [[ ",$parts," == *",$1,"* ]]; }
 bf16=bf16_params_cudagraphs_cudnn_xmlm_train
@@ -47,4 +48,10 @@ if wanted rows && [ ! -e "$out/rows/done" ]; then
     BENCH_UPDATES=250 BENCH_ROWS_VARIANT=$fused \
         python3 benchmarks/step_speed.py --out "$out/rows" --sections rows > "$out/rows.log" 2>&1 \
         && touch "$out/rows/done" || echo "rows failed: $out/rows.log"
+fi
+if wanted kernels; then
+    for kernel in bias_gelu dropout_norm master_step; do
+        [ -e "$out/kernels/${kernel}_speed.json" ] || python3 "benchmarks/${kernel}_speed.py" --out "$out/kernels" \
+            > "$out/${kernel}_speed.log" 2>&1 || echo "${kernel} failed: $out/${kernel}_speed.log"
+    done
 fi
