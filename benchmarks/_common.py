@@ -308,7 +308,9 @@ def single_variants(user_dir="fairseq_xmlm"):
     same with bf16 parameters (`--bf16-params`: no loss scaler, so xmlm-train's update reads nothing on the host),
     also compiled in inductor's max-autotune mode, and with our dropout + LayerNorm kernels (`--fused-dropout-norm`),
     then also our AdamW kernel (`--fused-master-step`), then also the encoder as one CUDA graph (`--compile-scope
-    encoder`) or our GELU kernels (`--fused-bias-gelu`), these also with the encoder as one CUDA graph."""
+    encoder`) or our GELU kernels (`--fused-bias-gelu`), these also with the encoder as one CUDA graph or with the
+    residual's gradient added in the products (`--residual-grad-in-products`), and that also with cuBLASLt's
+    statically scheduled kernels (`--cublaslt-no-workspace`)."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
@@ -334,7 +336,12 @@ def single_variants(user_dir="fairseq_xmlm"):
             "bf16_params_fused_norm_step_gelu_cudagraphs_cudnn" + XMLM_TRAIN:
                 fused_norm + ["--fused-master-step", "--fused-bias-gelu"],
             "bf16_params_fused_norm_step_gelu_encoder_graph_cudnn" + XMLM_TRAIN:
-                fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--compile-scope", "encoder"]}
+                fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--compile-scope", "encoder"],
+            "bf16_params_fused_norm_step_gelu_residual_cudagraphs_cudnn" + XMLM_TRAIN:
+                fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--residual-grad-in-products"],
+            "bf16_params_fused_norm_step_gelu_residual_lt_static_cudagraphs_cudnn" + XMLM_TRAIN:
+                fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--residual-grad-in-products",
+                              "--cublaslt-no-workspace"]}
 
 
 def before_variants():

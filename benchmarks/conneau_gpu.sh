@@ -19,8 +19,9 @@ parts=${2:-gpu-tests,speed,curves,profile,rows,kernels}
 mkdir -p "$out"
 wanted() { [[ ",$parts," == *",$1,"* ]]; }
 bf16=bf16_params_cudagraphs_cudnn_xmlm_train
-# --bf16-params --fused-dropout-norm --fused-master-step --fused-bias-gelu: the fastest
-fused=bf16_params_fused_norm_step_gelu_cudagraphs_cudnn_xmlm_train
+# --bf16-params --fused-dropout-norm --fused-master-step --fused-bias-gelu --residual-grad-in-products
+# --cublaslt-no-workspace: the fastest
+fused=bf16_params_fused_norm_step_gelu_residual_lt_static_cudagraphs_cudnn_xmlm_train
 fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,$bf16,$fused}
 profiled=conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_$bf16,conneau_ours_$fused
 
@@ -50,7 +51,7 @@ if wanted rows && [ ! -e "$out/rows/done" ]; then
         && touch "$out/rows/done" || echo "rows failed: $out/rows.log"
 fi
 if wanted kernels; then
-    for kernel in bias_gelu dropout_norm master_step; do
+    for kernel in bias_gelu dropout_norm master_step gemm; do
         [ -e "$out/kernels/${kernel}_speed.json" ] || python3 "benchmarks/${kernel}_speed.py" --out "$out/kernels" \
             > "$out/${kernel}_speed.log" 2>&1 || echo "${kernel} failed: $out/${kernel}_speed.log"
     done

@@ -1,7 +1,7 @@
 """Does a faster precision train the Conneau config as fp32 does? Loss curves of the first updates, side by side.
 
     python3 benchmarks/precision_curves.py --data DATA_ROOT/en_fr_joint --out DIR [--updates 2000]
-        [--runs fp32,fp16,bf16_params,bf16_params_seed2,bf16_params_fused_norm,bf16_params_fused_norm_step_gelu]
+        [--runs fp32,fp16,bf16_params,bf16_params_seed2,bf16_params_fused_norm,bf16_params_fused_norm_step_gelu,...]
 
 The data is the Default row's (Bible en-fr, one BPE): `python -m fairseq_xmlm.experiments.conneau paper --pairs en-fr
 --rows default --prepare-only --data-root DATA_ROOT`. Every run is a real fairseq-train (or xmlm-train) with the
@@ -15,7 +15,9 @@ logging every 10 updates:
   attention; bf16_params_seed2 the same from seed 2: what two runs that differ only by their seed differ by;
 - bf16_params_fused_norm: bf16_params with our dropout + LayerNorm kernels (`--fused-dropout-norm`);
 - bf16_params_fused_norm_step_gelu: that with our AdamW kernel (`--fused-master-step`) and GELU kernels
-  (`--fused-bias-gelu`).
+  (`--fused-bias-gelu`); bf16_params_fused_norm_step_gelu_residual: that with the residual's gradient added in the
+  products (`--residual-grad-in-products`); bf16_params_fused_norm_step_gelu_residual_lt_static: that with
+  cuBLASLt's statically scheduled kernels (`--cublaslt-no-workspace`).
 
 Prints, and writes to DIR/summary.json (with the curves), each run's mean logged loss over the last `--tail` updates
 and its mean absolute difference to fp32's curve over them, beside the seed-to-seed difference; DIR/curves.png draws
@@ -42,6 +44,12 @@ RUNS = {  # name: (precision options, entry variant, seed)
     "bf16_params_fused_norm_step_gelu": (
         BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm", "--fused-master-step", "--fused-bias-gelu"],
         XMLM_TRAIN, 1),
+    "bf16_params_fused_norm_step_gelu_residual": (
+        BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm", "--fused-master-step", "--fused-bias-gelu",
+                                           "--residual-grad-in-products"], XMLM_TRAIN, 1),
+    "bf16_params_fused_norm_step_gelu_residual_lt_static": (
+        BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm", "--fused-master-step", "--fused-bias-gelu",
+                                           "--residual-grad-in-products", "--cublaslt-no-workspace"], XMLM_TRAIN, 1),
 }
 REFERENCE, NOISE = "fp32", ("bf16_params", "bf16_params_seed2")
 

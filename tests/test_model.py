@@ -1,5 +1,6 @@
 """partially_shared_roberta: routing, parameter counts, language-restricted softmax, attention math."""
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -239,3 +240,15 @@ def test_masked_tokens_select_rows_before_the_softmax():
     some, _ = model(tokens, lang_ids=langs, masked_tokens=masked)
     torch.testing.assert_close(some, full[masked])
     assert F.cross_entropy(some, tokens[masked]).isfinite()
+
+
+def test_cublaslt_no_workspace_sets_the_variable_before_the_first_product_unless_the_environment_did(monkeypatch):
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "")  # so that monkeypatch restores the variable's absence
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE")
+    make_model()
+    assert "CUBLASLT_WORKSPACE_SIZE" not in os.environ
+    make_model(cublaslt_no_workspace=True)
+    assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "0"
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "1024")
+    make_model(cublaslt_no_workspace=True)
+    assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "1024"

@@ -13,6 +13,7 @@ Attention goes through `torch.nn.functional.scaled_dot_product_attention` (flash
 Layers are post-LayerNorm as in BERT. `encode_layers` returns the states of every layer, layer 0 being the
 embedding output after LayerNorm, which is what the multilinguality metrics read.
 """
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.models.bias_gelu import bias_gelu
 from fairseq_xmlm.models.dropout_norm import dropout_add_layer_norm
+from fairseq_xmlm.models.residual_products import linear_products
 from fairseq_xmlm.precision import bf16_autocast
 
 
@@ -83,6 +85,21 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
                           "kernels read them twice and compute GELU again; for --activation-fn gelu with no "
                           "--activation-dropout"},
     )
+    residual_grad_in_products: bool = field(
+        default=False,
+        metadata={"help": "the gradient of a layer's input, which feeds products and the residual sum, added up in "
+                          "the products' input-gradient GEMMs (cuBLAS's epilogue, in place where compiled), not in a "
+                          "kernel of its own: two adds a layer fewer (models/residual_products.py); not under "
+                          "--amp-bf16"},
+    )
+    cublaslt_no_workspace: bool = field(
+        default=False,
+        metadata={"help": "cuBLASLt without workspace (CUBLASLT_WORKSPACE_SIZE=0 unless the environment sets it, "
+                          "set when the model is built, before torch's first cuBLASLt product): the products with a "
+                          "bias in cuBLASLt's epilogue (Q, K and V) then take statically scheduled kernels, which "
+                          "need no memset of a tile counter before each call, 3-4 us with its gaps in a CUDA graph "
+                          "(docs/performance.md)"},
+    )
     cudnn_attention: bool = field(
         default=False,
         metadata={"help": "attention through cuDNN's fused kernel first (flash / memory-efficient if it cannot): "
@@ -102,6 +119,10 @@ def parse_layer_range(text, num_layers):
     if not 1 <= first <= last <= num_layers:
         raise XmlmError(f"--sep-layers {text} is outside the model's layers 1-{num_layers}")
     return range(first - 1, last)
+
+
+# torch reads it at its first cuBLASLt product (KiB of workspace; 0: none)
+CUBLASLT_WORKSPACE = "CUBLASLT_WORKSPACE_SIZE"
 
 
 def avoid_cudnn_attention():
@@ -134,21 +155,23 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, keep):
         """x (B, T, D); keep (B, 1, 1, T) bool, True for real (non-pad) keys."""
-        return self.out(self.attend(x, keep))
+        return self.out(self.attend(x, keep)[0])
 
-    def attend(self, x, keep):
-        """The heads' outputs side by side (B, T, D), before the output product."""
+    def attend(self, x, keep, residual_grad_in_products=False):
+        """(The heads' outputs side by side (B, T, D), before the output product; x for the residual sum, through the
+        products with `residual_grad_in_products`)."""
         b, t, d = x.shape
         # Three products with slices of the fused weight, not one product split afterwards: the attention kernel
         # then returns each gradient in the layout its product needs, where the split's backward stacks and
         # transposes the whole (B, T, 3D) gradient (two extra passes, ~0.4 ms per layer on an H100 at the Conneau
         # config). The parameters (and checkpoints) stay one `qkv` layer.
-        q, k, v = (F.linear(x, weight, bias).view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                   for weight, bias in zip(self.qkv.weight.chunk(3), self.qkv.bias.chunk(3)))
+        products, residual = linear_products(x, self.qkv.weight.chunk(3), self.qkv.bias.chunk(3),
+                                             residual_grad_in_products)
+        q, k, v = (p.view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in products)
         with sdpa_kernel(CUDNN_FIRST, set_priority=True) if self.cudnn else nullcontext():
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
                                                dropout_p=self.dropout if self.training else 0.0)
-        return y.transpose(1, 2).reshape(b, t, d)
+        return y.transpose(1, 2).reshape(b, t, d), residual
 
 
 class TransformerLayer(nn.Module):
@@ -170,14 +193,19 @@ class TransformerLayer(nn.Module):
         self.fused_dropout_norm = getattr(cfg, "fused_dropout_norm", False)
         self.fused_bias_gelu = (getattr(cfg, "fused_bias_gelu", False) and cfg.activation_fn == "gelu"
                                 and not getattr(cfg, "activation_dropout", 0.0))
+        self.residual_grad_in_products = getattr(cfg, "residual_grad_in_products", False)
 
     def forward(self, x, keep):
-        x = self.add_and_norm(self.attention.attend(x, keep), self.attention.out, x, self.attention_norm)
-        if self.fused_bias_gelu and x.is_cuda:  # the product's bias added in our kernel
-            hidden = bias_gelu(F.linear(x, self.ffn_in.weight), self.ffn_in.bias)
+        heads, residual = self.attention.attend(x, keep, self.residual_grad_in_products)
+        x = self.add_and_norm(heads, self.attention.out, residual, self.attention_norm)
+        fused_gelu = self.fused_bias_gelu and x.is_cuda  # the product's bias added in our kernel
+        (product,), residual = linear_products(x, [self.ffn_in.weight], [None if fused_gelu else self.ffn_in.bias],
+                                               self.residual_grad_in_products)
+        if fused_gelu:
+            hidden = bias_gelu(product, self.ffn_in.bias)
         else:
-            hidden = self.activation_dropout(self.activation(self.ffn_in(x)))
-        return self.add_and_norm(hidden, self.ffn_out, x, self.ffn_norm)
+            hidden = self.activation_dropout(self.activation(product))
+        return self.add_and_norm(hidden, self.ffn_out, residual, self.ffn_norm)
 
     def add_and_norm(self, branch, product, residual, norm):
         """norm(residual + dropout(product(branch))): in our kernels with `--fused-dropout-norm` on a GPU (the
@@ -294,6 +322,8 @@ class PartiallySharedRoberta(BaseFairseqModel):
             raise XmlmError("--sep-layers needs a task with at least two languages")
         if getattr(cfg, "bf16_params", False) and getattr(cfg, "amp_bf16", False):
             raise XmlmError("--bf16-params and --amp-bf16 are two ways to train in bf16: choose one")
+        if getattr(cfg, "cublaslt_no_workspace", False):
+            os.environ.setdefault(CUBLASLT_WORKSPACE, "0")
         vocab_masks = task.language_vocab_masks() if cfg.sep_emb else None
         model = cls(cfg, len(task.dictionary), task.dictionary.pad(), num_langs, task.lang_pos, vocab_masks)
         return model.to(torch.bfloat16) if getattr(cfg, "bf16_params", False) else model

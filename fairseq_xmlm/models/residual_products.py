@@ -1,0 +1,81 @@
+"""Products of a layer's input whose input gradient also adds the residual connection's gradient, in place
+(`--residual-grad-in-products`).
+
+In a post-LayerNorm layer the input x feeds products (the attention's Q, K and V; the feed-forward's first) and the
+residual sum LayerNorm(x + ...). Autograd adds the gradients of x in a kernel of its own once all exist, two a layer:
+at the Conneau config on an H200 0.59 ms an update (`docs/performance.md`, the timeline's adds). Here one autograd
+function makes the products and hands x on again (a view) for the residual, so that its backward receives every
+gradient of x at once, and cuBLAS adds each product's input gradient to the residual's in its epilogue:
+    dx = g_residual + sum_i g_i W_i,   each term an addmm with beta = 1 into g_residual's memory.
+An addmm whose output is not its input first copies the input into the output (0.60 ms an update when this ran
+out of place); so the sums go through `accumulate_products_grad`, a custom op that mutates g_residual, which the
+compiler may make in place where nothing else reads g_residual afterwards (inductor's re-inplacing of mutating
+custom ops), and copies otherwise. Eager autograd may hand the same gradient tensor to two inputs (an add's
+backward), so outside the compiler g_residual is copied first.
+
+Not under autocast: the function's backward would see the products' gradients in bf16 and the weights in fp32.
+"""
+import torch
+import torch.nn.functional as F
+
+from fairseq_xmlm.kernel_ops import source_version
+
+_VERSION = source_version(__file__)
+
+
+@torch.library.custom_op(f"xmlm::accumulate_products_grad_{_VERSION}", mutates_args=("grad_x",))
+def accumulate_products_grad(grad_x: torch.Tensor, grads: list[torch.Tensor], weights: list[torch.Tensor]) -> None:
+    """grad_x += sum_i grads[i] @ weights[i], for grad_x (rows, dim), grads[i] (rows, out_i), weights[i] (out_i,
+    dim): cuBLAS's beta = 1 in place."""
+    for grad, weight in zip(grads, weights):
+        grad_x.addmm_(grad, weight)
+
+
+@accumulate_products_grad.register_fake
+def _(grad_x, grads, weights):
+    return None
+
+
+class _ProductsKeepingInput(torch.autograd.Function):
+    """forward(x, w_1, b_1, ..., w_n, b_n) = (x w_1^T + b_1, ..., x w_n^T + b_n, x); a bias may be None."""
+
+    @staticmethod
+    def forward(ctx, x, *weights_and_biases):
+        weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
+        ctx.save_for_backward(x, *weights)
+        ctx.with_bias = [bias is not None for bias in biases]
+        ctx.set_materialize_grads(False)  # an output the loss does not reach: None, not a product with zeros
+        return (*(F.linear(x, weight, bias) for weight, bias in zip(weights, biases)), x.view_as(x))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        *grad_products, grad_residual = grads
+        dim = x.size(-1)
+        rows = x.reshape(-1, dim)
+        grad_params, reached = [], []
+        for grad, weight, with_bias in zip(grad_products, weights, ctx.with_bias):
+            if grad is None:  # a product the loss does not reach
+                grad_params += [None, None]
+                continue
+            grad = grad.reshape(-1, grad.size(-1))
+            reached.append((grad, weight))
+            grad_params += [grad.t() @ rows, grad.sum(0) if with_bias else None]
+        grad_x = None if grad_residual is None else grad_residual.reshape(-1, dim)
+        if grad_x is not None and not torch.compiler.is_compiling():
+            grad_x = grad_x.clone()
+        if grad_x is None and reached:
+            (grad, weight), *reached = reached
+            grad_x = grad @ weight
+        if reached:
+            accumulate_products_grad(grad_x, [grad for grad, _ in reached], [weight for _, weight in reached])
+        return (None if grad_x is None else grad_x.view(x.shape), *grad_params)
+
+
+def linear_products(x, weights, biases, residual_grad_in_products=False):
+    """([F.linear(x, w, b) for each weight and bias], x for the residual sum). With residual_grad_in_products (and
+    no autocast) through one autograd function whose input gradient adds the residual's in the products."""
+    if residual_grad_in_products and not torch.is_autocast_enabled(x.device.type):
+        *products, residual = _ProductsKeepingInput.apply(x, *(t for pair in zip(weights, biases) for t in pair))
+        return products, residual
+    return [F.linear(x, weight, bias) for weight, bias in zip(weights, biases)], x
