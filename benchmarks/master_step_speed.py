@@ -1,19 +1,18 @@
 """How long does `--fused-master-step` take an update at the Conneau config on the GPU, with the gradients gathered
-into one flat tensor first (the all-reduce's layout) and read where autograd left them (one process)?
+into its flat gradient by a `torch.cat` and by one multi-tensor copy?
 
     python3 benchmarks/master_step_speed.py --out DIR [--repeats 100]
 
 The parameters are the Conneau config's (8 layers of 768, feed-forward 3,072, the synthetic data's 32,000 words),
 bf16, each gradient a tensor of its own as autograd leaves them. Each row is `repeats` calls captured in one CUDA
 graph and replayed, timed with CUDA events (the host's launches are not in the figures). The rows:
-- `gather`: the gradients copied into the flat gradient (`torch.cat`, as `FlatMasterWeights` does for several ranks);
-  `gather, multi-tensor copy`: the same copies as one `torch._foreach_copy_` into views of the flat gradient;
-- `norm, flat` and `norm, in place`: the gradient's 2-norm that clipping takes, from the flat gradient and from the
-  gradients where they lie (`torch._foreach_norm`);
-- `step, flat` and `step, in place`: our AdamW kernel reading the flat gradient, and reading each gradient through
-  the table of their addresses;
-- `update, flat`, `update, flat, multi-tensor copy` and `update, in place`: gather (flat only), norm and step, what
-  an update spends in them.
+- `gather`: the gradients copied into the flat gradient by a `torch.cat`; `gather, multi-tensor copy`: the same
+  copies as one `torch._foreach_copy_` into views of the flat gradient (as `FlatMasterWeights` gathers them);
+- `norm, flat`: the gradient's 2-norm that clipping takes, from the flat gradient;
+- `step, flat`: our AdamW kernel reading the flat gradient;
+- `update, flat` and `update, flat, multi-tensor copy`: gather, norm and step, what an update spends in them.
+(Until the multi-tensor copy, the kernel could also read each gradient where autograd left it, through a table of
+their addresses: 0.85 ms an update, against 0.77 with the multi-tensor copy; docs/performance.md.)
 Prints a table; writes DIR/master_step_speed.json. Not a test.
 """
 import sys
@@ -21,7 +20,7 @@ import sys
 import torch
 
 from _common import CONNEAU, SYNTH_VOCAB, graph_ms, run_kernel_benchmark
-from fairseq_xmlm.optim.master_step import ParameterBlocks, fused_adamw_step
+from fairseq_xmlm.optim.master_step import fused_adamw_step
 
 
 def parameter_shapes(layers, dim, ffn, tokens, vocab, **_):
@@ -40,7 +39,6 @@ def measure(repeats):
     master = torch.randn(sum(sizes), generator=generator, device="cuda")
     flat = torch.empty_like(master, dtype=torch.bfloat16)
     weights = torch.empty_like(flat)
-    blocks = ParameterBlocks(sizes, master.device)
     optimizer = torch.optim.AdamW([master], lr=1e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, fused=True)
     factor = torch.tensor(0.5, device="cuda")
 
@@ -55,14 +53,10 @@ def measure(repeats):
     def norm_flat():
         return torch.linalg.vector_norm(flat, dtype=torch.float32)
 
-    def norm_in_place():
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
 
     def step_flat():
         fused_adamw_step(optimizer, master, flat, weights, 1e-3, factor)
 
-    def step_in_place():
-        fused_adamw_step(optimizer, master, grads, weights, 1e-3, factor, blocks=blocks)
 
     def update_flat():
         gather()
@@ -74,17 +68,12 @@ def measure(repeats):
         norm_flat()
         step_flat()
 
-    def update_in_place():
-        norm_in_place()
-        step_in_place()
     rows = {name: {"ms": graph_ms(function, repeats)} for name, function in (
         ("gather", gather), ("gather, multi-tensor copy", gather_multi_tensor), ("norm, flat", norm_flat),
-        ("norm, in place", norm_in_place), ("step, flat", step_flat), ("step, in place", step_in_place),
-        ("update, flat", update_flat), ("update, flat, multi-tensor copy", update_flat_multi_tensor),
-        ("update, in place", update_in_place))}
+        ("step, flat", step_flat), ("update, flat", update_flat),
+        ("update, flat, multi-tensor copy", update_flat_multi_tensor))}
     # bytes an element: the step reads the bf16 gradient and 3 fp32 tensors, writes those and the bf16 weights
-    moved = {"gather": 4, "gather, multi-tensor copy": 4, "norm, flat": 2, "norm, in place": 2, "step, flat": 28,
-             "step, in place": 28}
+    moved = {"gather": 4, "gather, multi-tensor copy": 4, "norm, flat": 2, "step, flat": 28}
     for name, row in rows.items():
         if name in moved:
             row["tb_per_s"] = moved[name] * master.numel() / row["ms"] / 1e9

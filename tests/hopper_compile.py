@@ -14,8 +14,7 @@ from fairseq_xmlm.packed import attention_kernels
 POINTERS = {"code": "*i8", "seed_at": "*i64", "lse": "*fp32", "kept": "*i32", "mean": "*fp32", "rstd": "*fp32",
             "partial_bias": "*fp32", "partial_weight": "*fp32", "partial_norm_bias": "*fp32",
             "partials": "*fp32", "master": "*fp32", "exp_avg": "*fp32", "exp_avg_sq": "*fp32", "factor_at": "*fp32",
-            "skip_at": "*fp32", "step_at": "*fp32", "tensor_of_block": "*i32", "start_of_block": "*i64",
-            "tensor_offsets": "*i64", "tensor_sizes": "*i64"}  # the rest: *bf16
+            "skip_at": "*fp32", "step_at": "*fp32"}  # the rest: *bf16
 NUMBERS = {name: "fp32" for name in ("scale", "rescale", "eps", "lr", "beta1", "beta2", "log2_beta1", "log2_beta2",
                                      "weight_decay")}  # the rest: i32
 
@@ -32,7 +31,7 @@ def compile_for_hopper(kernel, constants, warps, pointers, types=None):
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     options = " ".join(f"{name}={value}" for name, value in constants.items()
-                       if name in ("BLOCK", "TURNS", "PROGRAMS", "WIDE", "EVEN", "GATHER"))
+                       if name in ("BLOCK", "TURNS", "PROGRAMS", "WIDE", "EVEN"))
     wide_loads = compiled.asm["ptx"].count("ld.global.v4")
     print(f"{kernel.__name__} {options}: sm_90, {compiled.metadata.shared} bytes of shared memory, "
           f"{wide_loads} 16-byte loads")
@@ -62,10 +61,5 @@ for wide, even in ((False, True), (True, False)):  # the Conneau config's tiles;
     compile_for_hopper(bias_gelu._gelu_backward_kernel, dict(gelu, TURNS=35, WIDE=wide), bias_gelu.WARPS,
                        GELU_POINTERS)
 
-for gather in (False, True):  # the flat gradient; the table of the gradients' addresses
-    compile_for_hopper(master_step._adamw_kernel,
-                       {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True, "GATHER": gather,
-                        "ALIGN": master_step.ALIGN}, 8,
-                       ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at",
-                        "tensor_of_block", "start_of_block", "tensor_offsets", "tensor_sizes"),
-                       {"grad": "*i64" if gather else "*bf16"})
+compile_for_hopper(master_step._adamw_kernel, {"BLOCK": master_step.BLOCK, "FACTOR": True, "SKIP": True}, 8,
+                   ("grad", "master", "exp_avg", "exp_avg_sq", "weights", "factor_at", "skip_at", "step_at"))

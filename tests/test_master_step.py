@@ -10,10 +10,9 @@ from fairseq.optim import build_optimizer
 from omegaconf import OmegaConf
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.optim.master_step import ALIGN, BLOCK, ParameterBlocks, fused_adamw_step
+from fairseq_xmlm.optim.master_step import BLOCK
 
-# sizes around the kernel's block, so that a program's tail is masked; the step reads these gradients gathered into
-# the flat gradient, and FITTING ones (multiples of ALIGN) where they lie
+# sizes around the kernel's block, so that a program's tail is masked; FITTING ones: multiples of 8 but the last
 SHAPES = [(BLOCK // 64, 33), (7,), (3, 5, 2)]
 FITTING = [(BLOCK // 64, 33), (8,), (3, 5, 8), (2 * BLOCK + 5,)]  # the last of any size
 
@@ -54,12 +53,11 @@ def random_updates(count, scale=1.0, seed=0, shapes=SHAPES):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("clip_norm", [0.0, 0.5])
-@pytest.mark.parametrize("shapes", [SHAPES, FITTING], ids=["gathered", "in_place"])
+@pytest.mark.parametrize("shapes", [SHAPES, FITTING], ids=["around_blocks", "multiples_of_8"])
 def test_fused_master_step_takes_the_unfused_steps(dtype, clip_norm, shapes):
     start, grads = random_updates(4, shapes=shapes)
     expected_params, expected_norms, expected = run_updates(False, dtype, start, grads, clip_norm)
     got_params, got_norms, got = run_updates(True, dtype, start, grads, clip_norm)
-    assert (got.master.gradients is not None) == (shapes is FITTING)  # read where they lie
     assert got_norms == pytest.approx(expected_norms, rel=1e-5)
     if clip_norm:
         assert max(got_norms) > clip_norm  # the clipping factor was applied, not only computed
@@ -124,53 +122,6 @@ def test_fused_master_step_needs_low_precision_parameters():
         adamw(True, [torch.nn.Parameter(torch.zeros(3))])
 
 
-def one_fused_step(grad, blocks, master, skip=None):
-    """A fused step of a fresh AdamW on a copy of `master`: (master, exp_avg_sq, bf16 weights) after it."""
-    master = master.clone()
-    optimizer = torch.optim.AdamW([master], lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
-    optimizer.defaults["fused"] = True  # the step count kept as a tensor beside the weights, as the fused one does
-    weights = torch.empty_like(master, dtype=torch.bfloat16)
-    fused_adamw_step(optimizer, master, grad, weights, 0.5, torch.tensor(0.25, device=master.device), skip, blocks)
-    return master, optimizer.state[master]["exp_avg_sq"], weights
-
-
-def test_the_step_reads_each_gradient_where_it_lies_as_it_reads_the_flat_gradient():
-    generator = torch.Generator().manual_seed(3)
-    shapes = [(BLOCK,)] + FITTING  # whole blocks, and a parameter of three blocks, the last one masked
-    grads = [torch.randn(shape, generator=generator).bfloat16() for shape in shapes]
-    master = torch.randn(sum(g.numel() for g in grads), generator=generator)
-    flat = one_fused_step(torch.cat([g.reshape(-1) for g in grads]), None, master)
-    blocks = ParameterBlocks([g.numel() for g in grads], master.device)
-    assert blocks.programs == sum(-(-g.numel() // BLOCK) for g in grads)  # no block spans two parameters
-    in_place = one_fused_step(grads, blocks, master)
-    for got, expected in zip(in_place, flat):
-        assert torch.equal(got, expected)
-    assert not torch.equal(flat[0], master)  # the step moved every element
-
-
-def test_the_table_of_gradient_addresses_is_made_once_per_set_of_addresses():
-    grads = [torch.zeros(5), torch.zeros(7)]
-    blocks = ParameterBlocks([5, 7], grads[0].device)
-    table = blocks.address_table(grads)
-    assert table.tolist() == [g.data_ptr() for g in grads]
-    assert blocks.address_table(grads) is table
-    moved = [grads[0], torch.zeros(7)]
-    assert blocks.address_table(moved).tolist() == [g.data_ptr() for g in moved]
-
-
-def test_only_sizes_and_addresses_on_16_bytes_are_read_in_place():
-    assert ParameterBlocks.fits([ALIGN, 3 * ALIGN + 1]) and not ParameterBlocks.fits([ALIGN + 1, ALIGN])
-    flat = torch.zeros(3 * ALIGN)
-    assert ParameterBlocks.aligned([flat[:ALIGN], flat[ALIGN:]]) and not ParameterBlocks.aligned([flat[1:]])
-    start, grads = random_updates(1, shapes=FITTING)
-    params = [torch.nn.Parameter(p.clone().bfloat16()) for p in start]
-    optimizer = adamw(True, params)
-    for p, g in zip(params, grads[0]):
-        p.grad = torch.cat([torch.zeros(1), g.reshape(-1)]).bfloat16()[1:].view_as(p)  # 2 bytes past a block
-    optimizer.clip_grad_norm(0.0)
-    assert optimizer.master.gradients is None  # gathered flat
-
-
 def test_missing_and_strided_gradients_step_as_zeros_and_as_their_values():
     start, grads = random_updates(2, shapes=FITTING)
     grads[1][0] = grads[1][0].t().contiguous().t()  # the same values, not contiguous
@@ -182,7 +133,6 @@ def test_missing_and_strided_gradients_step_as_zeros_and_as_their_values():
     optimizer = adamw(True, params)
     params[0].grad = grads[0][0].bfloat16()  # the other parameters get none
     optimizer.clip_grad_norm(0.0)
-    assert optimizer.master.gradients is not None
     optimizer.step_unless_nonfinite(torch.tensor(1.0))
     moments = optimizer.optimizer.state[optimizer.master.master]["exp_avg"]
     assert moments[params[0].numel():].count_nonzero() == 0 and moments[:params[0].numel()].count_nonzero() > 0

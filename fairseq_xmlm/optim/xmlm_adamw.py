@@ -16,8 +16,7 @@ parameter-by-parameter copies into and out of its bucket.
 
 `--fused-master-step` (with those flat master weights) takes the update's gradient factors (1 / sample size, the
 clipping, a loss scale) into one Triton kernel of ours with AdamW and the low-precision copy of the weights
-(`optim/master_step.py`), and makes the parameters views of that copy; for one process it reads the gradients where
-autograd left them, not gathered into one flat tensor first.
+(`optim/master_step.py`), and makes the parameters views of that copy.
 """
 import ast
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II
 
 from fairseq_xmlm.errors import XmlmError
-from fairseq_xmlm.optim.master_step import ParameterBlocks, fused_adamw_step
+from fairseq_xmlm.optim.master_step import fused_adamw_step
 
 
 @dataclass
@@ -73,9 +72,7 @@ class FlatMasterWeights:
     """fp32 master copy of low-precision parameters as one flat tensor, with a flat fp32 gradient.
 
     `parameters_as_views` (the fused master step): the parameters' storage becomes the flat low-precision weights,
-    which the step writes directly, and the gradient stays in low precision (no fp32 copy of it is made); for one
-    process the step reads it where autograd left it (`gradients`, laid out by `blocks`), not gathered flat, where
-    the parameters' sizes and the gradients' addresses allow 16-byte reads (`ParameterBlocks.fits`, `aligned`)."""
+    which the step writes directly, and the gradient stays in low precision (no fp32 copy of it is made)."""
 
     def __init__(self, params, parameters_as_views=False):
         self.params = params
@@ -92,40 +89,31 @@ class FlatMasterWeights:
                 torch._foreach_copy_(self.weight_views, params)
             for p, view in zip(params, self.weight_views):
                 p.data = view
-        self.blocks = ParameterBlocks(sizes, self.master.device) if parameters_as_views and ParameterBlocks.fits(
-            sizes) else None
-        self.gradients = None
+        self.grad_views = [v.view_as(p) for v, p in zip(self.low_precision_grad.split(sizes), params)]
         self.gathered = False
 
     def gather_gradients(self, process_group=None):
         """Once per update (zero_grad starts the next): the parameters' gradients -> master.grad, in fp32; with a
         process group, averaged over its ranks on the way. Like fairseq's legacy_ddp, the low-precision gradient is
         divided by the number of ranks before it is summed, so that the sum cannot overflow where one rank's
-        gradient does not. With `parameters_as_views` and no process group: only the list of the gradients."""
+        gradient does not. The gradients come in by one multi-tensor copy into views of the flat gradient (a
+        `torch.cat` into it took twice as long: 0.29 against 0.13 ms at the Conneau config on an H200,
+        `benchmarks/master_step_speed.py`)."""
         if self.gathered:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        grads = [g.contiguous() for g in grads]
-        if self.blocks is not None and process_group is None and ParameterBlocks.aligned(grads):
-            self.gradients = grads
-        else:
-            torch.cat([g.reshape(-1) for g in grads], out=self.low_precision_grad)
-            if process_group is not None:
-                self.low_precision_grad.div_(distributed_utils.get_world_size(process_group))
-                distributed_utils.all_reduce(self.low_precision_grad, process_group)
-            if not self.parameters_as_views:
-                self.master.grad.copy_(self.low_precision_grad)
+        reached = [(view, p.grad) for p, view in zip(self.params, self.grad_views) if p.grad is not None]
+        unreached = [view for p, view in zip(self.params, self.grad_views) if p.grad is None]
+        with torch.no_grad():
+            if reached:
+                torch._foreach_copy_([view for view, _ in reached], [grad for _, grad in reached])
+            if unreached:  # parameters the loss did not reach: zero gradient
+                torch._foreach_zero_(unreached)
+        if process_group is not None:
+            self.low_precision_grad.div_(distributed_utils.get_world_size(process_group))
+            distributed_utils.all_reduce(self.low_precision_grad, process_group)
+        if not self.parameters_as_views:
+            self.master.grad.copy_(self.low_precision_grad)
         self.gathered = True
-
-    def low_precision_norm(self):
-        """The 2-norm of the gathered low-precision gradient, in fp32."""
-        if self.gradients is None:
-            return torch.linalg.vector_norm(self.low_precision_grad, dtype=torch.float32)
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self.gradients, 2, dtype=torch.float32)))
-
-    def step_gradient(self):
-        """(What the fused step reads, its `blocks`): the flat gradient, or the gradients where they lie."""
-        return (self.low_precision_grad, None) if self.gradients is None else (self.gradients, self.blocks)
 
     def scatter_weights(self):
         """master -> the parameters: one cast, one multi-tensor copy."""
@@ -136,7 +124,6 @@ class FlatMasterWeights:
     def zero_grad(self):
         for p in self.params:
             p.grad = None
-        self.gradients = None
         self.gathered = False
 
 
@@ -213,7 +200,7 @@ class XmlmAdamW(FairseqOptimizer):
             return super().clip_grad_norm(max_norm, aggregate_norm_fn)
         # fairseq's utils.clip_grad_norm_ on the gradient as the step will see it: the low-precision values (which
         # the fp32 copy holds exactly) times the factors waiting for the step
-        norm = self.master.low_precision_norm() * self._pending_scale
+        norm = torch.linalg.vector_norm(self.master.low_precision_grad, dtype=torch.float32) * self._pending_scale
         if self._pending_factor is not None:
             norm = norm * self._pending_factor
         if aggregate_norm_fn is not None:
@@ -234,10 +221,9 @@ class XmlmAdamW(FairseqOptimizer):
         if self.fused_master_step:
             if scale != 1.0:  # as fairseq's step for optimizers without a scaled step
                 self._defer_factor(1.0 / scale)
-            grad, blocks = self.master.step_gradient()
-            fused_adamw_step(self._optimizer, self.master.master, grad, self.master.low_precision_weights,
-                             self._pending_scale, self._pending_factor, getattr(self._optimizer, "found_inf", None),
-                             blocks)
+            fused_adamw_step(self._optimizer, self.master.master, self.master.low_precision_grad,
+                             self.master.low_precision_weights, self._pending_scale, self._pending_factor,
+                             getattr(self._optimizer, "found_inf", None))
             self._pending_scale, self._pending_factor = 1.0, None
             return
         super().step(closure, scale, groups)

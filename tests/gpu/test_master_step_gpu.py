@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from conftest import fairseq_train
-from fairseq_xmlm.optim.master_step import ParameterBlocks
 from fairseq_xmlm.optim.xmlm_adamw import XmlmAdamW, XmlmAdamWConfig
-from test_master_step import one_fused_step
 from test_xmlm_train import logged
 
 pytestmark = pytest.mark.gpu
@@ -61,15 +59,3 @@ def test_xmlm_train_with_the_fused_step_and_one_graph_for_the_encoder_logs_the_p
         assert float(b["loss"]) == pytest.approx(float(a["loss"]), rel=2e-2)
         assert float(b["gnorm"]) == pytest.approx(float(a["gnorm"]), rel=5e-2)
 
-
-def test_the_compiled_step_reads_each_gradient_where_it_lies_as_it_reads_the_flat_gradient():
-    torch.manual_seed(1)
-    shapes = [(3000, 7), (8,), (4096,), (5, 5)]  # the last of any size
-    grads = [torch.randn(shape, device="cuda").bfloat16() for shape in shapes]
-    master = torch.randn(sum(g.numel() for g in grads), device="cuda")
-    blocks = ParameterBlocks([g.numel() for g in grads], master.device)
-    flat, in_place = (one_fused_step(grad, with_blocks, master, torch.zeros((), device="cuda"))
-                      for grad, with_blocks in ((torch.cat([g.reshape(-1) for g in grads]), None), (grads, blocks)))
-    for got, expected in zip(in_place, flat):
-        assert torch.equal(got, expected)
-    assert not torch.equal(flat[0], master)
