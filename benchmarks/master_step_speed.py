@@ -53,10 +53,8 @@ def measure(repeats):
     def norm_flat():
         return torch.linalg.vector_norm(flat, dtype=torch.float32)
 
-
     def step_flat():
         fused_adamw_step(optimizer, master, flat, weights, 1e-3, factor)
-
 
     def update_flat():
         gather()

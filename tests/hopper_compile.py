@@ -19,13 +19,11 @@ NUMBERS = {name: "fp32" for name in ("scale", "rescale", "eps", "lr", "beta1", "
                                      "weight_decay")}  # the rest: i32
 
 
-def compile_for_hopper(kernel, constants, warps, pointers, types=None):
-    """`types`: pointer types of this kernel's own, beside POINTERS. Every pointer on 16 bytes, as Triton's JIT
-    specialises a kernel for torch's allocations (its integer arguments are left unspecialised); prints how many of
-    its global loads are 16 bytes wide."""
-    types = {**POINTERS, **(types or {})}
+def compile_for_hopper(kernel, constants, warps, pointers):
+    """Every pointer on 16 bytes, as Triton's JIT specialises a kernel for torch's allocations (its integer arguments
+    are left unspecialised); prints how many of its global loads are 16 bytes wide."""
     signature = {name: "constexpr" if name in constants else NUMBERS.get(name, "i32") for name in kernel.arg_names}
-    signature.update({name: types.get(name, "*bf16") for name in pointers if name in signature})
+    signature.update({name: POINTERS.get(name, "*bf16") for name in pointers if name in signature})
     aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in pointers if name in signature}
     source = ASTSource(fn=kernel, signature=signature, attrs=aligned,
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})

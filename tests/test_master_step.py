@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.optim.master_step import BLOCK
 
-# sizes around the kernel's block, so that a program's tail is masked; FITTING ones: multiples of 8 but the last
+# sizes around the kernel's block, so that a program's tail is masked; FITTING: whole blocks (read unmasked) too
 SHAPES = [(BLOCK // 64, 33), (7,), (3, 5, 2)]
 FITTING = [(BLOCK // 64, 33), (8,), (3, 5, 8), (2 * BLOCK + 5,)]  # the last of any size
 

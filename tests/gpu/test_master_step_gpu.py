@@ -29,13 +29,13 @@ def updates(fused_master_step, start, grads, clip_norm):
 @pytest.mark.parametrize("clip_norm", [0.0, 1.0])
 def test_the_fused_master_step_takes_torchs_steps_and_skips_on_the_device(clip_norm):
     torch.manual_seed(0)
-    shapes = [(1000, 77), (24,), (64, 64)]  # read where they lie (multiples of 8)
+    shapes = [(1000, 77), (3,), (64, 64)]
     start = [torch.randn(shape, device="cuda").bfloat16() for shape in shapes]
     grads = [[torch.randn(shape, device="cuda").bfloat16() for shape in shapes] for _ in range(5)]
     grads[2][1][0] = float("nan")
     expected, unfused, expected_skips = updates(False, start, grads, clip_norm)
     got, fused, skips = updates(True, start, grads, clip_norm)
-    assert skips == expected_skips == [0, 0, 1, 0, 0] and fused.master.gradients is not None
+    assert skips == expected_skips == [0, 0, 1, 0, 0]
     state, expected_state = (o.optimizer.state[o.master.master] for o in (fused, unfused))
     assert float(state["step"]) == float(expected_state["step"]) == 4
     torch.testing.assert_close(fused.master.master, unfused.master.master, rtol=1e-5, atol=1e-6)
@@ -58,4 +58,3 @@ def test_xmlm_train_with_the_fused_step_and_one_graph_for_the_encoder_logs_the_p
     for a, b in zip(plain, ours):  # bf16: the kernels round in other places than eager PyTorch
         assert float(b["loss"]) == pytest.approx(float(a["loss"]), rel=2e-2)
         assert float(b["gnorm"]) == pytest.approx(float(a["gnorm"]), rel=5e-2)
-
