@@ -16,6 +16,8 @@ reads its environment when torch makes its handle, so each setting runs in a pro
 - lt_all_workspace_0: both, every product through cuBLASLt without workspace;
 - lt_workspace_0_after_init: `CUBLASLT_WORKSPACE_SIZE=0` set in the process after CUDA's initialisation and a
   cuBLAS product, before the first cuBLASLt one, as the model option `--cublaslt-no-workspace` sets it;
+- lt_workspace_0_zero_bias: `CUBLASLT_WORKSPACE_SIZE=0`, and the three forward products without a bias (those
+  whose bias our kernels add) given a zero one, so that they go through cuBLASLt too, as `--cublaslt-zero-bias`;
 - workspace_0: `CUBLAS_WORKSPACE_CONFIG=:0:0`, cuBLAS without workspace;
 - tunableop: `PYTORCH_TUNABLEOP_ENABLED=1`, each product's algorithm picked by timing cuBLAS's and cuBLASLt's
   candidates in the warm-up calls before the capture.
@@ -32,6 +34,7 @@ SETTINGS = {"default": {}, "lt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"}, "no_addmm_
             "lt_workspace_0": {"CUBLASLT_WORKSPACE_SIZE": "0"},
             "lt_all_workspace_0": {"TORCH_BLAS_PREFER_CUBLASLT": "1", "CUBLASLT_WORKSPACE_SIZE": "0"},
             "lt_workspace_0_after_init": {},
+            "lt_workspace_0_zero_bias": {"CUBLASLT_WORKSPACE_SIZE": "0"},
             "workspace_0": {"CUBLAS_WORKSPACE_CONFIG": ":0:0"},
             "tunableop": {"PYTORCH_TUNABLEOP_ENABLED": "1", "PYTORCH_TUNABLEOP_TUNING": "1",
                           "PYTORCH_TUNABLEOP_FILENAME": "/tmp/xmlm_tunableop%d.csv"}}
@@ -39,8 +42,9 @@ ROWS, DIM, FFN = 96 * 256, 768, 3072
 PRODUCTS = 18
 
 
-def layer_products():
-    """One layer's 18 products as a function of no arguments, on tensors made once."""
+def layer_products(zero_bias=False):
+    """One layer's 18 products as a function of no arguments, on tensors made once; with `zero_bias` the forward
+    products without a bias get a zero one."""
     import torch
     import torch.nn.functional as F
 
@@ -52,13 +56,15 @@ def layer_products():
     square = [tensor(DIM, DIM) for _ in range(4)]
     bias = [tensor(DIM) for _ in range(3)]
     up, down = tensor(FFN, DIM), tensor(DIM, FFN)
+    zeros_dim, zeros_ffn = (torch.zeros(n, device="cuda", dtype=torch.bfloat16) if zero_bias else None
+                            for n in (DIM, FFN))
 
     def run():
         for weight, b in zip(square[:3], bias):
             F.linear(x, weight, b)  # Q, K, V
-        F.linear(x, square[3])  # the attention's output
-        F.linear(x, up)
-        F.linear(hidden, down)
+        F.linear(x, square[3], zeros_dim)  # the attention's output
+        F.linear(x, up, zeros_ffn)
+        F.linear(hidden, down, zeros_dim)
         for weight in square:  # input gradients
             grad_d @ weight
         grad_f @ up
@@ -81,7 +87,7 @@ def measure_here(repeats, setting):
         ones = torch.ones(8, 8, device="cuda", dtype=torch.bfloat16)
         ones @ ones  # a cuBLAS product: its handle and workspace made
         os.environ["CUBLASLT_WORKSPACE_SIZE"] = "0"
-    run = layer_products()
+    run = layer_products(zero_bias=setting.endswith("zero_bias"))
     ms = graph_ms(run, repeats)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

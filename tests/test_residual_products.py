@@ -89,6 +89,26 @@ def test_without_the_residual_or_a_product_in_the_loss():
     torch.testing.assert_close(x_grad, torch.full_like(x, 2.0))
 
 
+def test_a_frozen_weight_and_a_bias_without_gradient_get_none():
+    """A weight frozen in fine-tuning and a constant bias (the zero buffer of --cublaslt-zero-bias) get no gradient,
+    the other leaves the plain products' own."""
+    weights, biases = parameters(2)
+    weights[1].requires_grad_(False)
+    biases[0] = torch.zeros(5, dtype=torch.float64)
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    leaves = [x, weights[0], biases[1]]
+    got = residual_block(x, weights, biases, True)
+    expected = residual_block(x, weights, biases, False)
+    for got_grad, expected_grad in zip(torch.autograd.grad(got.sum(), leaves, retain_graph=True),
+                                       torch.autograd.grad(expected.sum(), leaves)):
+        torch.testing.assert_close(got_grad, expected_grad)
+    nodes = [got.grad_fn]
+    while nodes and type(nodes[-1]).__name__ != "_ProductsKeepingInputBackward":
+        nodes += [node for node, _ in nodes.pop().next_functions if node is not None]
+    grads = nodes[-1].apply(*(torch.ones(2, 4, n, dtype=torch.float64) for n in (5, 5, 6)))
+    assert [grad is None for grad in grads] == [False, False, True, True, False]  # x, w1, b1, w2, b2
+
+
 def test_under_autocast_the_plain_products():
     weights, biases = parameters(1)
     x = torch.randn(3, 6, dtype=torch.float64)

@@ -43,7 +43,9 @@ class _ProductsKeepingInput(torch.autograd.Function):
     def forward(ctx, x, *weights_and_biases):
         weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
         ctx.save_for_backward(x, *weights)
-        ctx.with_bias = [bias is not None for bias in biases]
+        # a weight frozen in fine-tuning, or a bias that needs no gradient (None, or the zero buffer of
+        # --cublaslt-zero-bias), gets none
+        ctx.weight_grad, ctx.bias_grad = ctx.needs_input_grad[1::2], ctx.needs_input_grad[2::2]
         ctx.set_materialize_grads(False)  # an output the loss does not reach: None, not a product with zeros
         return (*(F.linear(x, weight, bias) for weight, bias in zip(weights, biases)), x.view_as(x))
 
@@ -54,13 +56,13 @@ class _ProductsKeepingInput(torch.autograd.Function):
         dim = x.size(-1)
         rows = x.reshape(-1, dim)
         grad_params, reached = [], []
-        for grad, weight, with_bias in zip(grad_products, weights, ctx.with_bias):
+        for grad, weight, weight_grad, bias_grad in zip(grad_products, weights, ctx.weight_grad, ctx.bias_grad):
             if grad is None:  # a product the loss does not reach
                 grad_params += [None, None]
                 continue
             grad = grad.reshape(-1, grad.size(-1))
             reached.append((grad, weight))
-            grad_params += [grad.t() @ rows, grad.sum(0) if with_bias else None]
+            grad_params += [grad.t() @ rows if weight_grad else None, grad.sum(0) if bias_grad else None]
         grad_x = None if grad_residual is None else grad_residual.reshape(-1, dim)
         if grad_x is not None and not torch.compiler.is_compiling():
             grad_x = grad_x.clone()
