@@ -17,7 +17,8 @@ reads its environment when torch makes its handle, so each setting runs in a pro
 - lt_workspace_0_after_init: `CUBLASLT_WORKSPACE_SIZE=0` set in the process after CUDA's initialisation and a
   cuBLAS product, before the first cuBLASLt one, as the model option `--cublaslt-no-workspace` sets it;
 - lt_workspace_0_zero_bias: `CUBLASLT_WORKSPACE_SIZE=0`, and the three forward products without a bias (those
-  whose bias our kernels add) given a zero one, so that they go through cuBLASLt too, as `--cublaslt-zero-bias`;
+  whose bias our kernels add) given a zero one, so that they go through cuBLASLt too (statically scheduled kernels,
+  no memset; slower here, and no faster in training: docs/performance.md);
 - workspace_0: `CUBLAS_WORKSPACE_CONFIG=:0:0`, cuBLAS without workspace;
 - tunableop: `PYTORCH_TUNABLEOP_ENABLED=1`, each product's algorithm picked by timing cuBLAS's and cuBLASLt's
   candidates in the warm-up calls before the capture.

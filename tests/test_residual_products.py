@@ -90,8 +90,8 @@ def test_without_the_residual_or_a_product_in_the_loss():
 
 
 def test_a_frozen_weight_and_a_bias_without_gradient_get_none():
-    """A weight frozen in fine-tuning and a constant bias (the zero buffer of --cublaslt-zero-bias) get no gradient,
-    the other leaves the plain products' own."""
+    """A weight frozen in fine-tuning and a constant bias get no gradient, the other leaves the plain products'
+    own."""
     weights, biases = parameters(2)
     weights[1].requires_grad_(False)
     biases[0] = torch.zeros(5, dtype=torch.float64)

@@ -64,6 +64,12 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
                           "launch cost per kernel), for batches of one shape such as full 256-token streams: each "
                           "new shape records another graph"},
     )
+    inductor_combo_kernels: bool = field(
+        default=False,
+        metadata={"help": "with --compile: inductor's combo kernels (torch._inductor.config.combo_kernels, for the "
+                          "whole process), independent kernels of a compiled graph launched as one, such as the "
+                          "sums of the Q, K and V biases' gradients"},
+    )
     amp_bf16: bool = field(
         default=False, metadata={"help": "forward pass under bf16 autocast, fp32 weights (fairseq's --bf16 needs a TPU)"}
     )
@@ -99,13 +105,6 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
                           "bias in cuBLASLt's epilogue (Q, K and V) then take statically scheduled kernels, which "
                           "need no memset of a tile counter before each call, 3-4 us with its gaps in a CUDA graph "
                           "(docs/performance.md)"},
-    )
-    cublaslt_zero_bias: bool = field(
-        default=False,
-        metadata={"help": "the products whose bias our kernels add (the attention's output, the feed-forward's two "
-                          "under --fused-dropout-norm and --fused-bias-gelu) take a zero bias of their own (a "
-                          "buffer, not saved), so that torch sends them through cuBLASLt too, not cuBLAS: with "
-                          "--cublaslt-no-workspace, statically scheduled kernels without a memset before each"},
     )
     cudnn_attention: bool = field(
         default=False,
@@ -201,19 +200,13 @@ class TransformerLayer(nn.Module):
         self.fused_bias_gelu = (getattr(cfg, "fused_bias_gelu", False) and cfg.activation_fn == "gelu"
                                 and not getattr(cfg, "activation_dropout", 0.0))
         self.residual_grad_in_products = getattr(cfg, "residual_grad_in_products", False)
-        if getattr(cfg, "cublaslt_zero_bias", False):
-            # zeros that need no gradient: cuBLASLt's epilogue adds them, autograd sums nothing for them
-            self.register_buffer("zero_bias_dim", torch.zeros(dim), persistent=False)
-            self.register_buffer("zero_bias_ffn", torch.zeros(cfg.encoder_ffn_embed_dim), persistent=False)
-        else:
-            self.zero_bias_dim = self.zero_bias_ffn = None
 
     def forward(self, x, keep):
         heads, residual = self.attention.attend(x, keep, self.residual_grad_in_products)
         x = self.add_and_norm(heads, self.attention.out, residual, self.attention_norm)
         fused_gelu = self.fused_bias_gelu and x.is_cuda  # the product's bias added in our kernel
-        bias = self.zero_bias_ffn if fused_gelu else self.ffn_in.bias
-        (product,), residual = linear_products(x, [self.ffn_in.weight], [bias], self.residual_grad_in_products)
+        (product,), residual = linear_products(x, [self.ffn_in.weight], [None if fused_gelu else self.ffn_in.bias],
+                                               self.residual_grad_in_products)
         if fused_gelu:
             hidden = bias_gelu(product, self.ffn_in.bias)
         else:
@@ -224,8 +217,8 @@ class TransformerLayer(nn.Module):
         """norm(residual + dropout(product(branch))): in our kernels with `--fused-dropout-norm` on a GPU (the
         product's bias added there), where the branch and the residual are of one type (not under autocast)."""
         if self.fused_dropout_norm and residual.is_cuda and branch.dtype == residual.dtype:
-            return dropout_add_layer_norm(F.linear(branch, product.weight, self.zero_bias_dim), product.bias,
-                                          residual, norm, self.dropout.p if self.training else 0.0)
+            return dropout_add_layer_norm(F.linear(branch, product.weight), product.bias, residual, norm,
+                                          self.dropout.p if self.training else 0.0)
         return norm(residual + self.dropout(product(branch)))
 
 
@@ -307,6 +300,10 @@ class PartiallySharedRoberta(BaseFairseqModel):
         self.apply(self._init_weights)
         avoid_cudnn_attention()
         self.run_layers = run_layers
+        if cfg.compile and getattr(cfg, "inductor_combo_kernels", False):
+            from torch._inductor import config as inductor_config
+
+            inductor_config.combo_kernels = True
         if cfg.compile and getattr(cfg, "compile_scope", "layer") == "encoder":
             self.run_layers = torch.compile(run_layers, mode=getattr(cfg, "compile_mode", "default"))
         elif cfg.compile:

@@ -43,8 +43,7 @@ class _ProductsKeepingInput(torch.autograd.Function):
     def forward(ctx, x, *weights_and_biases):
         weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
         ctx.save_for_backward(x, *weights)
-        # a weight frozen in fine-tuning, or a bias that needs no gradient (None, or the zero buffer of
-        # --cublaslt-zero-bias), gets none
+        # a weight frozen in fine-tuning, or a bias that is None or constant, gets no gradient
         ctx.weight_grad, ctx.bias_grad = ctx.needs_input_grad[1::2], ctx.needs_input_grad[2::2]
         ctx.set_materialize_grads(False)  # an output the loss does not reach: None, not a product with zeros
         return (*(F.linear(x, weight, bias) for weight, bias in zip(weights, biases)), x.view_as(x))
