@@ -310,8 +310,7 @@ def single_variants(user_dir="fairseq_xmlm"):
     then also our AdamW kernel (`--fused-master-step`), then also the encoder as one CUDA graph (`--compile-scope
     encoder`) or our GELU kernels (`--fused-bias-gelu`), these also with the encoder as one CUDA graph or with the
     residual's gradient added in the products (`--residual-grad-in-products`), and that also with cuBLASLt's
-    statically scheduled kernels (`--cublaslt-no-workspace`), that also with the encoder as one CUDA graph or with
-    inductor's combo kernels (`--inductor-combo-kernels`)."""
+    statically scheduled kernels (`--cublaslt-no-workspace`), that also with the encoder as one CUDA graph."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
@@ -345,10 +344,7 @@ def single_variants(user_dir="fairseq_xmlm"):
                               "--cublaslt-no-workspace"],
             "bf16_params_fused_norm_step_gelu_residual_lt_static_encoder_graph_cudnn" + XMLM_TRAIN:
                 fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--residual-grad-in-products",
-                              "--cublaslt-no-workspace", "--compile-scope", "encoder"],
-            "bf16_params_fused_norm_step_gelu_residual_lt_static_combo_cudagraphs_cudnn" + XMLM_TRAIN:
-                fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--residual-grad-in-products",
-                              "--cublaslt-no-workspace", "--inductor-combo-kernels"]}
+                              "--cublaslt-no-workspace", "--compile-scope", "encoder"]}
 
 
 def before_variants():

@@ -253,15 +253,3 @@ def test_cublaslt_no_workspace_sets_the_variable_before_the_first_product_unless
     make_model(cublaslt_no_workspace=True)
     assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "1024"
 
-
-def test_inductor_combo_kernels_set_only_with_compile(monkeypatch):
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(inductor_config, "combo_kernels", False)
-    make_model(inductor_combo_kernels=True)
-    assert not inductor_config.combo_kernels
-    model = make_model(compile=True, inductor_combo_kernels=True).eval()
-    assert inductor_config.combo_kernels
-    tokens, langs = batch(0)
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens, lang_ids=langs)[0], make_model().eval()(tokens, lang_ids=langs)[0])

@@ -64,12 +64,6 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
                           "launch cost per kernel), for batches of one shape such as full 256-token streams: each "
                           "new shape records another graph"},
     )
-    inductor_combo_kernels: bool = field(
-        default=False,
-        metadata={"help": "with --compile: inductor's combo kernels (torch._inductor.config.combo_kernels, for the "
-                          "whole process), independent kernels of a compiled graph launched as one, such as the "
-                          "sums of the Q, K and V biases' gradients"},
-    )
     amp_bf16: bool = field(
         default=False, metadata={"help": "forward pass under bf16 autocast, fp32 weights (fairseq's --bf16 needs a TPU)"}
     )
@@ -300,10 +294,6 @@ class PartiallySharedRoberta(BaseFairseqModel):
         self.apply(self._init_weights)
         avoid_cudnn_attention()
         self.run_layers = run_layers
-        if cfg.compile and getattr(cfg, "inductor_combo_kernels", False):
-            from torch._inductor import config as inductor_config
-
-            inductor_config.combo_kernels = True
         if cfg.compile and getattr(cfg, "compile_scope", "layer") == "encoder":
             self.run_layers = torch.compile(run_layers, mode=getattr(cfg, "compile_mode", "default"))
         elif cfg.compile:
