@@ -310,7 +310,8 @@ def single_variants(user_dir="fairseq_xmlm"):
     then also our AdamW kernel (`--fused-master-step`), then also the encoder as one CUDA graph (`--compile-scope
     encoder`) or our GELU kernels (`--fused-bias-gelu`), these also with the encoder as one CUDA graph or with the
     residual's gradient added in the products (`--residual-grad-in-products`), and that also with cuBLASLt's
-    statically scheduled kernels (`--cublaslt-no-workspace`), that also with the encoder as one CUDA graph."""
+    statically scheduled kernels (`--cublaslt-no-workspace`), that also with Q, K and V from one product
+    (`--one-qkv-product`) or with the encoder as one CUDA graph."""
     def swap(argv):  # the plugin from user_dir
         return [user_dir if a == "fairseq_xmlm" else a for a in argv]
 
@@ -342,6 +343,9 @@ def single_variants(user_dir="fairseq_xmlm"):
             "bf16_params_fused_norm_step_gelu_residual_lt_static_cudagraphs_cudnn" + XMLM_TRAIN:
                 fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--residual-grad-in-products",
                               "--cublaslt-no-workspace"],
+            "bf16_params_fused_norm_step_gelu_residual_lt_static_one_qkv_cudagraphs_cudnn" + XMLM_TRAIN:
+                fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--residual-grad-in-products",
+                              "--cublaslt-no-workspace", "--one-qkv-product"],
             "bf16_params_fused_norm_step_gelu_residual_lt_static_encoder_graph_cudnn" + XMLM_TRAIN:
                 fused_norm + ["--fused-master-step", "--fused-bias-gelu", "--residual-grad-in-products",
                               "--cublaslt-no-workspace", "--compile-scope", "encoder"]}

@@ -17,7 +17,8 @@ logging every 10 updates:
 - bf16_params_fused_norm_step_gelu: that with our AdamW kernel (`--fused-master-step`) and GELU kernels
   (`--fused-bias-gelu`); bf16_params_fused_norm_step_gelu_residual: that with the residual's gradient added in the
   products (`--residual-grad-in-products`); bf16_params_fused_norm_step_gelu_residual_lt_static: that with
-  cuBLASLt's statically scheduled kernels (`--cublaslt-no-workspace`).
+  cuBLASLt's statically scheduled kernels (`--cublaslt-no-workspace`); ..._one_qkv: that with Q, K and V from one
+  product (`--one-qkv-product`).
 
 Prints, and writes to DIR/summary.json (with the curves), each run's mean logged loss over the last `--tail` updates
 and its mean absolute difference to fp32's curve over them, beside the seed-to-seed difference; DIR/curves.png draws
@@ -50,6 +51,10 @@ RUNS = {  # name: (precision options, entry variant, seed)
     "bf16_params_fused_norm_step_gelu_residual_lt_static": (
         BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm", "--fused-master-step", "--fused-bias-gelu",
                                            "--residual-grad-in-products", "--cublaslt-no-workspace"], XMLM_TRAIN, 1),
+    "bf16_params_fused_norm_step_gelu_residual_lt_static_one_qkv": (
+        BF16_PARAMS + CUDA_GRAPHS_CUDNN + ["--fused-dropout-norm", "--fused-master-step", "--fused-bias-gelu",
+                                           "--residual-grad-in-products", "--cublaslt-no-workspace",
+                                           "--one-qkv-product"], XMLM_TRAIN, 1),
 }
 REFERENCE, NOISE = "fp32", ("bf16_params", "bf16_params_seed2")
 

@@ -89,6 +89,28 @@ def test_without_the_residual_or_a_product_in_the_loss():
     torch.testing.assert_close(x_grad, torch.full_like(x, 2.0))
 
 
+@pytest.mark.parametrize("reached", [(0, 1, 2), (0, 2)])
+def test_one_product_in_parts_equals_the_separate_products(reached):
+    """Q, K and V from one product (parts=3): the outputs and every gradient as three products of the weight's
+    thirds; a part the loss does not reach gets zeros in the joined gradients."""
+    (weight,), (bias,) = parameters(1, out=9)
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 4, 6, dtype=torch.float64)
+
+    def block(parts):
+        if parts == 1:
+            products, residual = linear_products(x, weight.chunk(3), bias.chunk(3), True)
+        else:
+            products, residual = linear_products(x, [weight], [bias], True, parts=3)
+        branch = sum(torch.tanh(products[i]) @ torch.ones(3, 6, dtype=x.dtype) for i in reached)
+        return F.layer_norm(residual + branch, (6,))
+    got, expected = block(3), block(1)
+    torch.testing.assert_close(got, expected)  # one GEMM's sums in another order than three's
+    for got_grad, expected_grad in zip(torch.autograd.grad(got, [x, weight, bias], grad),
+                                       torch.autograd.grad(expected, [x, weight, bias], grad)):
+        torch.testing.assert_close(got_grad, expected_grad)
+
+
 def test_a_frozen_weight_and_a_bias_without_gradient_get_none():
     """A weight frozen in fine-tuning and a constant bias get no gradient, the other leaves the plain products'
     own."""
@@ -106,7 +128,7 @@ def test_a_frozen_weight_and_a_bias_without_gradient_get_none():
     while nodes and type(nodes[-1]).__name__ != "_ProductsKeepingInputBackward":
         nodes += [node for node, _ in nodes.pop().next_functions if node is not None]
     grads = nodes[-1].apply(*(torch.ones(2, 4, n, dtype=torch.float64) for n in (5, 5, 6)))
-    assert [grad is None for grad in grads] == [False, False, True, True, False]  # x, w1, b1, w2, b2
+    assert [grad is None for grad in grads] == [False, True, False, True, True, False]  # x, parts, w1, b1, w2, b2
 
 
 def test_under_autocast_the_plain_products():
@@ -136,11 +158,11 @@ def function_nodes(output):
     return found
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_layer_equals_the_plain_one(compiled):
+@pytest.mark.parametrize("compiled, one_qkv_product", [(False, False), (True, False), (False, True), (True, True)])
+def test_layer_equals_the_plain_one(compiled, one_qkv_product):
     torch.manual_seed(0)
     plain = TransformerLayer(layer_config(residual_grad_in_products=False)).double()
-    carried = TransformerLayer(layer_config()).double()
+    carried = TransformerLayer(layer_config(one_qkv_product=one_qkv_product)).double()
     carried.load_state_dict(plain.state_dict())
     assert carried.residual_grad_in_products and not plain.residual_grad_in_products
     x = torch.randn(2, 5, 32, dtype=torch.float64, requires_grad=True)

@@ -92,6 +92,12 @@ class PartiallySharedRobertaConfig(FairseqDataclass):
                           "kernel of its own: two adds a layer fewer (models/residual_products.py); not under "
                           "--amp-bf16"},
     )
+    one_qkv_product: bool = field(
+        default=False,
+        metadata={"help": "with --residual-grad-in-products: Q, K and V from one product of the fused weight, its "
+                          "output in three column blocks (one GEMM forward where there were three); their gradients "
+                          "still arrive apart, in the layout their products need"},
+    )
     cublaslt_no_workspace: bool = field(
         default=False,
         metadata={"help": "cuBLASLt without workspace (CUBLASLT_WORKSPACE_SIZE=0 unless the environment sets it, "
@@ -157,16 +163,21 @@ class SelfAttention(nn.Module):
         """x (B, T, D); keep (B, 1, 1, T) bool, True for real (non-pad) keys."""
         return self.out(self.attend(x, keep)[0])
 
-    def attend(self, x, keep, residual_grad_in_products=False):
+    def attend(self, x, keep, residual_grad_in_products=False, one_product=False):
         """(The heads' outputs side by side (B, T, D), before the output product; x for the residual sum, through the
-        products with `residual_grad_in_products`)."""
+        products with `residual_grad_in_products`); `one_product`: Q, K and V as one product's column blocks."""
         b, t, d = x.shape
         # Three products with slices of the fused weight, not one product split afterwards: the attention kernel
         # then returns each gradient in the layout its product needs, where the split's backward stacks and
         # transposes the whole (B, T, 3D) gradient (two extra passes, ~0.4 ms per layer on an H100 at the Conneau
         # config). The parameters (and checkpoints) stay one `qkv` layer.
-        products, residual = linear_products(x, self.qkv.weight.chunk(3), self.qkv.bias.chunk(3),
-                                             residual_grad_in_products)
+        # With the residual's gradient in the products, one product can serve all three: our autograd function
+        # hands each block's gradient on apart (`one_product`).
+        if one_product and residual_grad_in_products:
+            products, residual = linear_products(x, [self.qkv.weight], [self.qkv.bias], True, parts=3)
+        else:
+            products, residual = linear_products(x, self.qkv.weight.chunk(3), self.qkv.bias.chunk(3),
+                                                 residual_grad_in_products)
         q, k, v = (p.view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in products)
         with sdpa_kernel(CUDNN_FIRST, set_priority=True) if self.cudnn else nullcontext():
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
@@ -194,9 +205,10 @@ class TransformerLayer(nn.Module):
         self.fused_bias_gelu = (getattr(cfg, "fused_bias_gelu", False) and cfg.activation_fn == "gelu"
                                 and not getattr(cfg, "activation_dropout", 0.0))
         self.residual_grad_in_products = getattr(cfg, "residual_grad_in_products", False)
+        self.one_qkv_product = getattr(cfg, "one_qkv_product", False)
 
     def forward(self, x, keep):
-        heads, residual = self.attention.attend(x, keep, self.residual_grad_in_products)
+        heads, residual = self.attention.attend(x, keep, self.residual_grad_in_products, self.one_qkv_product)
         x = self.add_and_norm(heads, self.attention.out, residual, self.attention_norm)
         fused_gelu = self.fused_bias_gelu and x.is_cuda  # the product's bias added in our kernel
         (product,), residual = linear_products(x, [self.ffn_in.weight], [None if fused_gelu else self.ffn_in.bias],

@@ -37,31 +37,43 @@ def _(grad_x, grads, weights):
 
 
 class _ProductsKeepingInput(torch.autograd.Function):
-    """forward(x, w_1, b_1, ..., w_n, b_n) = (x w_1^T + b_1, ..., x w_n^T + b_n, x); a bias may be None."""
+    """forward(x, parts, w_1, b_1, ..., w_n, b_n) = (x w_1^T + b_1, ..., x w_n^T + b_n, x); a bias may be None.
+    parts > 1 (one weight and bias): the one product's output in `parts` equal column blocks, each an output of its
+    own (Q, K and V from one GEMM), whose gradients arrive apart, so none is stacked."""
 
     @staticmethod
-    def forward(ctx, x, *weights_and_biases):
+    def forward(ctx, x, parts, *weights_and_biases):
         weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
         ctx.save_for_backward(x, *weights)
+        ctx.parts = parts
         # a weight frozen in fine-tuning, or a bias that is None or constant, gets no gradient
-        ctx.weight_grad, ctx.bias_grad = ctx.needs_input_grad[1::2], ctx.needs_input_grad[2::2]
+        ctx.weight_grad, ctx.bias_grad = ctx.needs_input_grad[2::2], ctx.needs_input_grad[3::2]
         ctx.set_materialize_grads(False)  # an output the loss does not reach: None, not a product with zeros
-        return (*(F.linear(x, weight, bias) for weight, bias in zip(weights, biases)), x.view_as(x))
+        products = [F.linear(x, weight, bias) for weight, bias in zip(weights, biases)]
+        if parts > 1:
+            products = products[0].chunk(parts, -1)
+        return (*products, x.view_as(x))
 
     @staticmethod
     def backward(ctx, *grads):
         x, *weights = ctx.saved_tensors
         *grad_products, grad_residual = grads
+        weight_grad, bias_grad = ctx.weight_grad, ctx.bias_grad
+        if ctx.parts > 1:
+            weights = weights[0].chunk(ctx.parts)
+            weight_grad, bias_grad = weight_grad * ctx.parts, bias_grad * ctx.parts
         dim = x.size(-1)
         rows = x.reshape(-1, dim)
         grad_params, reached = [], []
-        for grad, weight, weight_grad, bias_grad in zip(grad_products, weights, ctx.weight_grad, ctx.bias_grad):
+        for grad, weight, with_weight, with_bias in zip(grad_products, weights, weight_grad, bias_grad):
             if grad is None:  # a product the loss does not reach
                 grad_params += [None, None]
                 continue
             grad = grad.reshape(-1, grad.size(-1))
             reached.append((grad, weight))
-            grad_params += [grad.t() @ rows if weight_grad else None, grad.sum(0) if bias_grad else None]
+            grad_params += [grad.t() @ rows if with_weight else None, grad.sum(0) if with_bias else None]
+        if ctx.parts > 1:
+            grad_params = [joined_parts(grad_params[0::2], weights), joined_parts(grad_params[1::2], weights, 0)]
         grad_x = None if grad_residual is None else grad_residual.reshape(-1, dim)
         if grad_x is not None and not torch.compiler.is_compiling():
             grad_x = grad_x.clone()
@@ -70,13 +82,25 @@ class _ProductsKeepingInput(torch.autograd.Function):
             grad_x = grad @ weight
         if reached:
             accumulate_products_grad(grad_x, [grad for grad, _ in reached], [weight for _, weight in reached])
-        return (None if grad_x is None else grad_x.view(x.shape), *grad_params)
+        return (None if grad_x is None else grad_x.view(x.shape), None, *grad_params)
 
 
-def linear_products(x, weights, biases, residual_grad_in_products=False):
-    """([F.linear(x, w, b) for each weight and bias], x for the residual sum). With residual_grad_in_products (and
-    no autocast) through one autograd function whose input gradient adds the residual's in the products."""
+def joined_parts(grads, weights, row=None):
+    """The one parameter's gradient from its parts' (None where no part has one; zeros for a part the loss does not
+    reach); `row`: the bias's, the weights' rows long."""
+    if all(grad is None for grad in grads):
+        return None
+    return torch.cat([grad if grad is not None else
+                      (weight.new_zeros(weight.shape) if row is None else weight.new_zeros(weight.size(0)))
+                      for grad, weight in zip(grads, weights)])
+
+
+def linear_products(x, weights, biases, residual_grad_in_products=False, parts=1):
+    """([F.linear(x, w, b) for each weight and bias], x for the residual sum); parts > 1 (one weight and bias): that
+    product's output in `parts` equal column blocks. With residual_grad_in_products (and no autocast) through one
+    autograd function whose input gradient adds the residual's in the products."""
     if residual_grad_in_products and not torch.is_autocast_enabled(x.device.type):
-        *products, residual = _ProductsKeepingInput.apply(x, *(t for pair in zip(weights, biases) for t in pair))
+        *products, residual = _ProductsKeepingInput.apply(x, parts, *(t for pair in zip(weights, biases) for t in pair))
         return products, residual
-    return [F.linear(x, weight, bias) for weight, bias in zip(weights, biases)], x
+    products = [F.linear(x, weight, bias) for weight, bias in zip(weights, biases)]
+    return (list(products[0].chunk(parts, -1)) if parts > 1 else products), x

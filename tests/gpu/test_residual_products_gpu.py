@@ -1,4 +1,4 @@
-"""`--residual-grad-in-products` on a GPU: a Conneau-config layer in bf16 with our other kernels, compiled and
+"""`--residual-grad-in-products` (with and without `--one-qkv-product`) on a GPU: a Conneau-config layer in bf16 with our other kernels, compiled and
 replayed as a CUDA graph, against the same layer without it, eager: output, the input's gradient (where the
 residual's now joins in the products) and the parameters' gradients."""
 import pytest
@@ -7,10 +7,12 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-def test_layer_compiled_as_a_cuda_graph_equals_the_plain_one(conneau_layers):
+@pytest.mark.parametrize("one_qkv_product", [False, True])
+def test_layer_compiled_as_a_cuda_graph_equals_the_plain_one(conneau_layers, one_qkv_product):
     plain, carried, x, keep = conneau_layers("residual_grad_in_products", dropout=0.0)
     for layer in (plain, carried):
         layer.fused_dropout_norm = layer.fused_bias_gelu = True  # as the fastest variant trains
+    carried.one_qkv_product = one_qkv_product
     x.requires_grad_()
     direction = torch.randn(16, 256, 768, device="cuda")  # a random direction: LayerNorm's output has a fixed scale
     compiled = torch.compile(carried, mode="reduce-overhead")
