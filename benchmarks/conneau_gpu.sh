@@ -20,8 +20,8 @@ mkdir -p "$out"
 wanted() { [[ ",$parts," == *",$1,"* ]]; }
 bf16=bf16_params_cudagraphs_cudnn_xmlm_train
 # --bf16-params --fused-dropout-norm --fused-master-step --fused-bias-gelu --residual-grad-in-products
-# --cublaslt-no-workspace: the fastest
-fused=bf16_params_fused_norm_step_gelu_residual_lt_static_cudagraphs_cudnn_xmlm_train
+# --cublaslt-no-workspace --one-qkv-product: the fastest
+fused=bf16_params_fused_norm_step_gelu_residual_lt_static_one_qkv_cudagraphs_cudnn_xmlm_train
 fastest=${BENCH_VARIANTS:-fp16_flat_master_cudagraphs_cudnn,$bf16,$fused}
 profiled=conneau_ours_flat_master_cudagraphs_cudnn,conneau_ours_$bf16,conneau_ours_$fused
 
