@@ -252,4 +252,3 @@ def test_cublaslt_no_workspace_sets_the_variable_before_the_first_product_unless
     monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "1024")
     make_model(cublaslt_no_workspace=True)
     assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "1024"
-

@@ -170,9 +170,9 @@ class SelfAttention(nn.Module):
         # Three products with slices of the fused weight, not one product split afterwards: the attention kernel
         # then returns each gradient in the layout its product needs, where the split's backward stacks and
         # transposes the whole (B, T, 3D) gradient (two extra passes, ~0.4 ms per layer on an H100 at the Conneau
-        # config). The parameters (and checkpoints) stay one `qkv` layer.
-        # With the residual's gradient in the products, one product can serve all three: our autograd function
-        # hands each block's gradient on apart (`one_product`).
+        # config). The parameters (and checkpoints) stay one `qkv` layer. With the residual's gradient in the
+        # products one product can serve all three (`one_product`): our autograd function receives each block's
+        # gradient apart, so nothing is stacked.
         if one_product and residual_grad_in_products:
             products, residual = linear_products(x, [self.qkv.weight], [self.qkv.bias], True, parts=3)
         else:

@@ -13,6 +13,10 @@ compiler may make in place where nothing else reads g_residual afterwards (induc
 custom ops), and copies otherwise. Eager autograd may hand the same gradient tensor to two inputs (an add's
 backward), so outside the compiler g_residual is copied first.
 
+The same function makes Q, K and V as one product's three column blocks (`--one-qkv-product`): one GEMM forward
+where there were three, and since each block is an output of its own, their gradients still arrive apart, in the
+layout the attention kernel returns them (a split's backward would stack them into one (B, T, 3D) gradient).
+
 Not under autocast: the function's backward would see the products' gradients in bf16 and the weights in fp32.
 """
 import torch
@@ -73,7 +77,7 @@ class _ProductsKeepingInput(torch.autograd.Function):
             reached.append((grad, weight))
             grad_params += [grad.t() @ rows if with_weight else None, grad.sum(0) if with_bias else None]
         if ctx.parts > 1:
-            grad_params = [joined_parts(grad_params[0::2], weights), joined_parts(grad_params[1::2], weights, 0)]
+            grad_params = [joined_parts(grad_params[0::2], weights), joined_parts(grad_params[1::2], weights, True)]
         grad_x = None if grad_residual is None else grad_residual.reshape(-1, dim)
         if grad_x is not None and not torch.compiler.is_compiling():
             grad_x = grad_x.clone()
@@ -85,13 +89,12 @@ class _ProductsKeepingInput(torch.autograd.Function):
         return (None if grad_x is None else grad_x.view(x.shape), None, *grad_params)
 
 
-def joined_parts(grads, weights, row=None):
-    """The one parameter's gradient from its parts' (None where no part has one; zeros for a part the loss does not
-    reach); `row`: the bias's, the weights' rows long."""
+def joined_parts(grads, weights, bias=False):
+    """The one weight's (or with `bias` its bias's) gradient from its parts' `grads`: None where no part has one,
+    zeros for a part the loss does not reach."""
     if all(grad is None for grad in grads):
         return None
-    return torch.cat([grad if grad is not None else
-                      (weight.new_zeros(weight.shape) if row is None else weight.new_zeros(weight.size(0)))
+    return torch.cat([grad if grad is not None else weight.new_zeros(weight.shape[:1] if bias else weight.shape)
                       for grad, weight in zip(grads, weights)])
 
 

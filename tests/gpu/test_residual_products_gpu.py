@@ -1,6 +1,6 @@
-"""`--residual-grad-in-products` (with and without `--one-qkv-product`) on a GPU: a Conneau-config layer in bf16 with our other kernels, compiled and
-replayed as a CUDA graph, against the same layer without it, eager: output, the input's gradient (where the
-residual's now joins in the products) and the parameters' gradients."""
+"""`--residual-grad-in-products` (with and without `--one-qkv-product`) on a GPU: a Conneau-config layer in bf16
+with our other kernels, compiled and replayed as a CUDA graph, against the same layer without it, eager: output,
+the input's gradient (where the residual's now joins in the products) and the parameters' gradients."""
 import pytest
 import torch
 
