@@ -82,6 +82,7 @@ def measure_here(repeats, setting):
     from torch.profiler import ProfilerActivity, profile
 
     from _common import graph_ms
+    from _kernels import is_kernel
 
     if setting == "lt_workspace_0_after_init":
         torch.cuda.init()
@@ -98,7 +99,7 @@ def measure_here(repeats, setting):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    events = [e for e in prof.events() if is_kernel(e)]
     memsets = sum("Memset" in e.name for e in events)
     kernels = [e for e in events if "Memset" not in e.name and "Memcpy" not in e.name]
     by_name = {}

@@ -12,9 +12,10 @@ from omegaconf import OmegaConf
 from fairseq_xmlm.errors import XmlmError
 from fairseq_xmlm.optim.master_step import BLOCK
 
-# sizes around the kernel's block, so that a program's tail is masked; FITTING: whole blocks (read unmasked) too
+# sizes around the kernel's block, so that a program's tail is masked; WITH_WHOLE_BLOCKS: whole blocks (read
+# unmasked) too
 SHAPES = [(BLOCK // 64, 33), (7,), (3, 5, 2)]
-FITTING = [(BLOCK // 64, 33), (8,), (3, 5, 8), (2 * BLOCK + 5,)]  # the last of any size
+WITH_WHOLE_BLOCKS = [(BLOCK // 64, 33), (8,), (3, 5, 8), (2 * BLOCK + 5,)]  # the last of any size
 
 
 def adamw(fused_master_step, params):
@@ -53,7 +54,7 @@ def random_updates(count, scale=1.0, seed=0, shapes=SHAPES):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("clip_norm", [0.0, 0.5])
-@pytest.mark.parametrize("shapes", [SHAPES, FITTING], ids=["around_blocks", "multiples_of_8"])
+@pytest.mark.parametrize("shapes", [SHAPES, WITH_WHOLE_BLOCKS], ids=["around_blocks", "multiples_of_8"])
 def test_fused_master_step_takes_the_unfused_steps(dtype, clip_norm, shapes):
     start, grads = random_updates(4, shapes=shapes)
     expected_params, expected_norms, expected = run_updates(False, dtype, start, grads, clip_norm)
@@ -123,7 +124,7 @@ def test_fused_master_step_needs_low_precision_parameters():
 
 
 def test_missing_and_strided_gradients_step_as_zeros_and_as_their_values():
-    start, grads = random_updates(2, shapes=FITTING)
+    start, grads = random_updates(2, shapes=WITH_WHOLE_BLOCKS)
     grads[1][0] = grads[1][0].t().contiguous().t()  # the same values, not contiguous
     expected, _, _ = run_updates(False, torch.bfloat16, start, grads, 0.0)
     got, _, _ = run_updates(True, torch.bfloat16, start, grads, 0.0)
